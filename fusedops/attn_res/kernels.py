@@ -1,0 +1,220 @@
+"""Triton kernels for attn_res. One source for the CUDA and the Ascend plans.
+
+Tokens are addressed through up to three strided batch dims (sizes S0 x S1 x S2, strides ST0..ST2),
+so a slice of a preallocated bank or a permuted batch runs without a copy. Offsets are int64;
+depth steps advance pointers by STRIDE_N so no i * stride product can overflow.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _token_rows(t, S1, S2, ST0, ST1, ST2):
+    """Element offset of each token's row, for token indices `t` (int64) over the batch dims."""
+    b2 = t % S2
+    rest = t // S2
+    return (rest // S1) * ST0 + (rest % S1) * ST1 + b2 * ST2
+
+
+@triton.jit
+def _folded_query(q_ptr, w_ptr, d, d_mask, HAS_WEIGHT: tl.constexpr):
+    u = tl.load(q_ptr + d, mask=d_mask, other=0.0).to(tl.float32)
+    if HAS_WEIGHT:
+        u = u * tl.load(w_ptr + d, mask=d_mask, other=0.0).to(tl.float32)
+    return u
+
+
+@triton.jit
+def attn_res_fwd_kernel(
+    v_ptr, q_ptr, w_ptr, out_ptr, logits_ptr,
+    N, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, eps,
+    HAS_WEIGHT: tl.constexpr, ONE_TILE: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """out[t] = sum_i softmax_i(rstd_i * <u, v_i[t]>) v_i[t].
+
+    ONE_TILE: the row fits on chip; one pass over values with an online softmax over depth.
+    Otherwise: pass 1 walks D tiles to get the logits (kept in `logits_ptr`, [N, T] fp32), pass 2
+    walks D tiles again and sums the weighted rows (the re-read mostly hits L2 / is local on Ascend).
+    """
+    pid = tl.program_id(0)
+    num_blocks = tl.cdiv(T, BLOCK_T)
+    for block in range(pid, num_blocks, tl.num_programs(0)):
+        t = block * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)
+        t_mask = t < T
+        rows = _token_rows(t, S1, S2, ST0, ST1, ST2)
+        m = tl.full([BLOCK_T], float("-inf"), tl.float32)
+        denom = tl.zeros([BLOCK_T], tl.float32)
+        if ONE_TILE:
+            d = tl.arange(0, BLOCK_D)
+            d_mask = d < D
+            mask = t_mask[:, None] & d_mask[None, :]
+            u = _folded_query(q_ptr, w_ptr, d, d_mask, HAS_WEIGHT)
+            acc = tl.zeros([BLOCK_T, BLOCK_D], tl.float32)
+            ptrs = v_ptr + rows[:, None] + d[None, :]
+            for _ in range(N):
+                x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+                rstd = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)
+                logit = tl.sum(x * u[None, :], axis=1) * rstd
+                m_new = tl.maximum(m, logit)
+                rescale = tl.exp(m - m_new)
+                p = tl.exp(logit - m_new)
+                acc = acc * rescale[:, None] + p[:, None] * x
+                denom = denom * rescale + p
+                m = m_new
+                ptrs += STRIDE_N
+            out = acc / denom[:, None]
+            tl.store(out_ptr + t[:, None] * D + d[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
+        else:
+            base = v_ptr + rows
+            lptrs = logits_ptr + t
+            for _ in range(N):
+                sq = tl.zeros([BLOCK_T], tl.float32)
+                dot = tl.zeros([BLOCK_T], tl.float32)
+                for d0 in range(0, D, BLOCK_D):
+                    d = d0 + tl.arange(0, BLOCK_D)
+                    d_mask = d < D
+                    u = _folded_query(q_ptr, w_ptr, d, d_mask, HAS_WEIGHT)
+                    x = tl.load(base[:, None] + d[None, :], mask=t_mask[:, None] & d_mask[None, :], other=0.0)
+                    x = x.to(tl.float32)
+                    sq += tl.sum(x * x, axis=1)
+                    dot += tl.sum(x * u[None, :], axis=1)
+                logit = dot * tl.rsqrt(sq / D + eps)
+                tl.store(lptrs, logit, mask=t_mask)
+                m_new = tl.maximum(m, logit)
+                denom = denom * tl.exp(m - m_new) + tl.exp(logit - m_new)
+                m = m_new
+                base += STRIDE_N
+                lptrs += T
+            inv_denom = 1.0 / denom
+            for d0 in range(0, D, BLOCK_D):
+                d = d0 + tl.arange(0, BLOCK_D)
+                mask = t_mask[:, None] & (d < D)[None, :]
+                acc = tl.zeros([BLOCK_T, BLOCK_D], tl.float32)
+                ptrs = v_ptr + rows[:, None] + d[None, :]
+                lptrs = logits_ptr + t
+                for _ in range(N):
+                    logit = tl.load(lptrs, mask=t_mask, other=0.0)
+                    alpha = tl.exp(logit - m) * inv_denom
+                    x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+                    acc += alpha[:, None] * x
+                    ptrs += STRIDE_N
+                    lptrs += T
+                tl.store(out_ptr + t[:, None] * D + d[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def attn_res_bwd_kernel(
+    g_ptr, v_ptr, q_ptr, w_ptr, dv_ptr, partial_ptr, stats_ptr,
+    N, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, STAT_PLANE, DV_STEP, LAST_N, LAST_STAT, LAST_DV, eps,
+    HAS_WEIGHT: tl.constexpr, NEED_DV: tl.constexpr, NEED_DU: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """Gradients of attn_res for a persistent program's token blocks.
+
+    Phase 1 reads each v_i once and recomputes rstd_i, the logit s_i and gv_i = <g, v_i> (kept in
+    `stats_ptr`, [3, N, T] fp32), with an online softmax giving <g, out> = sum_j alpha_j gv_j in fp32
+    (never from the rounded forward output). Phase 2 walks depth backwards, so the rows read last in
+    phase 1 are read first again while they are still in L2, and writes
+      dv_i = alpha_i g + ds_i rstd_i (u - s_i rstd_i v_i / D),  ds_i = alpha_i (gv_i - <g, out>),
+    adding ds_i rstd_i v_i into this program's row of `partial_ptr` ([programs, D] fp32).
+    STAT_PLANE = N * T and DV_STEP = T * D are passed from the host so they cannot overflow int32;
+    LAST_N, LAST_STAT, LAST_DV: offsets of depth N-1 in values, one stats plane, and grad_values.
+    """
+    pid = tl.program_id(0)
+    num_blocks = tl.cdiv(T, BLOCK_T)
+    for block in range(pid, num_blocks, tl.num_programs(0)):
+        t = block * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)
+        t_mask = t < T
+        rows = _token_rows(t, S1, S2, ST0, ST1, ST2)
+        g_rows = g_ptr + t * D
+        m = tl.full([BLOCK_T], float("-inf"), tl.float32)
+        denom = tl.zeros([BLOCK_T], tl.float32)
+        g_out = tl.zeros([BLOCK_T], tl.float32)
+        base = v_ptr + rows
+        sptrs = stats_ptr + t
+        for _ in range(N):
+            sq = tl.zeros([BLOCK_T], tl.float32)
+            dot = tl.zeros([BLOCK_T], tl.float32)
+            gv = tl.zeros([BLOCK_T], tl.float32)
+            for d0 in range(0, D, BLOCK_D):
+                d = d0 + tl.arange(0, BLOCK_D)
+                d_mask = d < D
+                mask = t_mask[:, None] & d_mask[None, :]
+                u = _folded_query(q_ptr, w_ptr, d, d_mask, HAS_WEIGHT)
+                x = tl.load(base[:, None] + d[None, :], mask=mask, other=0.0).to(tl.float32)
+                g = tl.load(g_rows[:, None] + d[None, :], mask=mask, other=0.0).to(tl.float32)
+                sq += tl.sum(x * x, axis=1)
+                dot += tl.sum(x * u[None, :], axis=1)
+                gv += tl.sum(x * g, axis=1)
+            rstd = tl.rsqrt(sq / D + eps)
+            logit = dot * rstd
+            tl.store(sptrs, logit, mask=t_mask)
+            tl.store(sptrs + STAT_PLANE, rstd, mask=t_mask)
+            tl.store(sptrs + 2 * STAT_PLANE, gv, mask=t_mask)
+            m_new = tl.maximum(m, logit)
+            rescale = tl.exp(m - m_new)
+            p = tl.exp(logit - m_new)
+            denom = denom * rescale + p
+            g_out = g_out * rescale + p * gv
+            m = m_new
+            base += STRIDE_N
+            sptrs += T
+        g_out = g_out / denom
+        lse = m + tl.log(denom)
+        for d0 in range(0, D, BLOCK_D):
+            d = d0 + tl.arange(0, BLOCK_D)
+            d_mask = d < D
+            mask = t_mask[:, None] & d_mask[None, :]
+            u = _folded_query(q_ptr, w_ptr, d, d_mask, HAS_WEIGHT)
+            g = tl.load(g_rows[:, None] + d[None, :], mask=mask, other=0.0).to(tl.float32)
+            du = tl.zeros([BLOCK_D], tl.float32)
+            ptrs = v_ptr + LAST_N + rows[:, None] + d[None, :]
+            dptrs = dv_ptr + LAST_DV + t[:, None] * D + d[None, :]
+            sptrs = stats_ptr + LAST_STAT + t
+            for _ in range(N):
+                logit = tl.load(sptrs, mask=t_mask, other=0.0)
+                rstd = tl.load(sptrs + STAT_PLANE, mask=t_mask, other=0.0)
+                gv = tl.load(sptrs + 2 * STAT_PLANE, mask=t_mask, other=0.0)
+                alpha = tl.exp(logit - lse)
+                d_logit = alpha * (gv - g_out)
+                x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+                coef = d_logit * rstd
+                if NEED_DV:
+                    dx = alpha[:, None] * g + coef[:, None] * (u[None, :] - (logit * rstd / D)[:, None] * x)
+                    tl.store(dptrs, dx.to(dv_ptr.dtype.element_ty), mask=mask)
+                if NEED_DU:
+                    du += tl.sum(coef[:, None] * x, axis=0)
+                ptrs -= STRIDE_N
+                dptrs -= DV_STEP
+                sptrs -= T
+            if NEED_DU:
+                pptrs = partial_ptr + pid * D + d
+                tl.store(pptrs, tl.load(pptrs, mask=d_mask, other=0.0) + du, mask=d_mask)
+
+
+@triton.jit
+def attn_res_param_grad_kernel(
+    partial_ptr, q_ptr, w_ptr, dq_ptr, dw_ptr, P, D,
+    HAS_WEIGHT: tl.constexpr, NEED_DQ: tl.constexpr, NEED_DW: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """du = sum over programs of the partial rows, in a fixed order; dq = du * w, dw = du * q."""
+    pid = tl.program_id(0)
+    for d0 in range(pid * BLOCK_D, D, tl.num_programs(0) * BLOCK_D):
+        d = d0 + tl.arange(0, BLOCK_D)
+        d_mask = d < D
+        du = tl.zeros([BLOCK_D], tl.float32)
+        for p0 in range(0, P, BLOCK_P):
+            p = p0 + tl.arange(0, BLOCK_P)
+            mask = (p < P)[:, None] & d_mask[None, :]
+            du += tl.sum(tl.load(partial_ptr + p[:, None] * D + d[None, :], mask=mask, other=0.0), axis=0)
+        if NEED_DQ:
+            dq = du
+            if HAS_WEIGHT:
+                dq = du * tl.load(w_ptr + d, mask=d_mask, other=0.0).to(tl.float32)
+            tl.store(dq_ptr + d, dq.to(dq_ptr.dtype.element_ty), mask=d_mask)
+        if NEED_DW:
+            dw = du * tl.load(q_ptr + d, mask=d_mask, other=0.0).to(tl.float32)
+            tl.store(dw_ptr + d, dw.to(dw_ptr.dtype.element_ty), mask=d_mask)

@@ -1,0 +1,32 @@
+"""fusedops.nn.AttnRes: the learnable pseudo-query and key norm gain of one AttnRes mixing site."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from .op import attn_res
+
+
+class AttnRes(nn.Module):
+    """Mixes N depth sources [N, *batch, dim] into [*batch, dim] with a softmax over depth.
+
+    The pseudo-query starts at zero, as the AttnRes paper requires, so a fresh module is a uniform
+    average of its sources; the RMSNorm gain of the keys starts at one.
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-6, device=None, dtype=None) -> None:
+        super().__init__()
+        if dim <= 0:
+            raise ValueError(f"dim must be positive, got {dim}")
+        factory = {"device": device, "dtype": dtype}
+        self.dim = dim
+        self.eps = eps
+        self.query = nn.Parameter(torch.zeros(dim, **factory))
+        self.norm_weight = nn.Parameter(torch.ones(dim, **factory))
+
+    def forward(self, values: Tensor) -> Tensor:
+        return attn_res(values, self.query, self.norm_weight, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, eps={self.eps}"

@@ -1,0 +1,214 @@
+"""Registration of fusedops::attn_res and fusedops::attn_res_backward."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+from torch.library import wrap_triton
+
+from fusedops.layout import batch_walk
+from fusedops.registry import fused_op
+from fusedops.targets import Target, target_for
+from fusedops.validation import (
+    check_float,
+    check_last_dim_contiguous,
+    check_min_dim,
+    check_positive_finite,
+    check_same_device,
+)
+
+from . import reference
+from .kernels import attn_res_bwd_kernel, attn_res_fwd_kernel, attn_res_param_grad_kernel
+from .plan import make_plan, reduce_plan
+
+
+def check_args(values: Tensor, query: Tensor, norm_weight: Optional[Tensor], eps: float) -> None:
+    check_float("values", values)
+    check_float("query", query)
+    if norm_weight is not None:
+        check_float("norm_weight", norm_weight)
+    check_min_dim("values", values, 2)
+    if values.shape[0] == 0:
+        raise ValueError("values must hold at least one source (N >= 1), got N = 0")
+    dim = values.shape[-1]
+    if dim == 0:
+        raise ValueError("values must have a feature dim D >= 1, got D = 0")
+    if query.dim() != 1 or query.shape[0] != dim:
+        raise ValueError(f"query must have shape [D] = [{dim}] to match values, got {tuple(query.shape)}")
+    if norm_weight is not None and (norm_weight.dim() != 1 or norm_weight.shape[0] != dim):
+        raise ValueError(
+            f"norm_weight must have shape [D] = [{dim}] to match values, got {tuple(norm_weight.shape)}"
+        )
+    check_same_device([("values", values), ("query", query), ("norm_weight", norm_weight)])
+    check_positive_finite("eps", eps)
+    check_last_dim_contiguous("values", values)
+    check_last_dim_contiguous("query", query)
+    if norm_weight is not None:
+        check_last_dim_contiguous("norm_weight", norm_weight)
+
+
+def _walk(values: Tensor) -> tuple[int, int, int, int, int, int]:
+    """(S1, S2, ST0, ST1, ST2, tokens) of the kernels' batch walk over values' dims 1..-2."""
+    sizes, strides = batch_walk("values", values.shape[1:-1], values.stride()[1:-1])
+    return sizes[1], sizes[2], strides[0], strides[1], strides[2], sizes[0] * sizes[1] * sizes[2]
+
+
+def _forward(values: Tensor, query: Tensor, norm_weight: Optional[Tensor], eps: float, target: Target) -> Tensor:
+    n, dim = values.shape[0], values.shape[-1]
+    out = values.new_empty(values.shape[1:])
+    tokens = out.numel() // dim
+    if tokens == 0:
+        return out
+    s1, s2, st0, st1, st2, _ = _walk(values)
+    plan = make_plan(target, tokens, dim, values.element_size(), backward=False)
+    logits = out if plan.one_tile else values.new_empty((n, tokens), dtype=torch.float32)
+    wrap_triton(attn_res_fwd_kernel)[(plan.grid,)](
+        values, query, query if norm_weight is None else norm_weight, out, logits,
+        n, tokens, dim, s1, s2, st0, st1, st2, values.stride(0), eps,
+        HAS_WEIGHT=norm_weight is not None, ONE_TILE=plan.one_tile,
+        BLOCK_T=plan.block_t, BLOCK_D=plan.block_d, num_warps=plan.num_warps,
+    )
+    return out
+
+
+def _backward(
+    grad_out: Tensor, values: Tensor, query: Tensor, norm_weight: Optional[Tensor], eps: float,
+    need_values: bool, need_query: bool, need_norm_weight: bool, target: Target,
+) -> tuple[Tensor, Tensor, Tensor]:
+    n, dim = values.shape[0], values.shape[-1]
+    tokens = grad_out.numel() // dim
+    need_du = need_query or need_norm_weight
+    grad_values = torch.empty_like(values, memory_format=torch.contiguous_format) if need_values else values.new_empty(0)
+    grad_query = torch.empty_like(query) if need_query else query.new_empty(0)
+    grad_weight = torch.empty_like(norm_weight) if need_norm_weight else query.new_empty(0)
+    if not (need_values or need_du):
+        return grad_values, grad_query, grad_weight
+    plan = make_plan(target, tokens, dim, values.element_size(), backward=True)
+    partial = values.new_zeros((plan.grid if tokens else 1, dim), dtype=torch.float32)
+    if tokens:
+        grad_out = grad_out.contiguous()
+        s1, s2, st0, st1, st2, _ = _walk(values)
+        stats = values.new_empty((3, n, tokens), dtype=torch.float32)
+        weight = query if norm_weight is None else norm_weight
+        wrap_triton(attn_res_bwd_kernel)[(plan.grid,)](
+            grad_out, values, query, weight, grad_values if need_values else grad_out, partial, stats,
+            n, tokens, dim, s1, s2, st0, st1, st2, values.stride(0), n * tokens, tokens * dim,
+            (n - 1) * values.stride(0), (n - 1) * tokens, (n - 1) * tokens * dim, eps,
+            HAS_WEIGHT=norm_weight is not None, NEED_DV=need_values, NEED_DU=need_du,
+            BLOCK_T=plan.block_t, BLOCK_D=plan.block_d, num_warps=plan.num_warps,
+        )
+    if need_du:
+        block_d, block_p, grid = reduce_plan(target, dim, partial.shape[0])
+        wrap_triton(attn_res_param_grad_kernel)[(grid,)](
+            partial, query, query if norm_weight is None else norm_weight,
+            grad_query if need_query else partial, grad_weight if need_norm_weight else partial,
+            partial.shape[0], dim,
+            HAS_WEIGHT=norm_weight is not None, NEED_DQ=need_query, NEED_DW=need_norm_weight,
+            BLOCK_P=block_p, BLOCK_D=block_d,
+        )
+    return grad_values, grad_query, grad_weight
+
+
+@fused_op("attn_res")
+def attn_res_op(values: Tensor, query: Tensor, norm_weight: Optional[Tensor], eps: float) -> Tensor:
+    """AttnRes depth mixing. See `fusedops.attn_res` for shapes, dtypes and semantics."""
+    check_args(values, query, norm_weight, eps)
+    target = target_for(values.device)
+    if target is None:
+        return reference.attn_res(values, query, norm_weight, eps)
+    return _forward(values, query, norm_weight, eps, target)
+
+
+@fused_op("attn_res_backward")
+def attn_res_backward_op(
+    grad_out: Tensor,
+    values: Tensor,
+    query: Tensor,
+    norm_weight: Optional[Tensor],
+    eps: float,
+    need_values: bool,
+    need_query: bool,
+    need_norm_weight: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients of attn_res w.r.t. (values, query, norm_weight). A gradient that is not asked for
+    (or norm_weight's when it is None) comes back as an empty tensor and is never computed.
+    Deterministic: per-program partial sums reduced in a fixed order, no atomics."""
+    check_args(values, query, norm_weight, eps)
+    need_norm_weight = need_norm_weight and norm_weight is not None
+    if grad_out.shape != values.shape[1:]:
+        raise ValueError(f"grad_out must have shape {tuple(values.shape[1:])}, got {tuple(grad_out.shape)}")
+    target = target_for(values.device)
+    if target is None:
+        grads = reference.attn_res_backward(
+            grad_out, values, query, norm_weight, eps, need_values, need_query, need_norm_weight
+        )
+        return tuple(g if g is not None else values.new_empty(0) for g in grads)  # type: ignore[return-value]
+    return _backward(
+        grad_out, values, query, norm_weight, eps, need_values, need_query, need_norm_weight, target
+    )
+
+
+@attn_res_op.register_fake
+def _(values, query, norm_weight, eps):
+    check_args(values, query, norm_weight, eps)
+    return values.new_empty(values.shape[1:])
+
+
+@attn_res_backward_op.register_fake
+def _(grad_out, values, query, norm_weight, eps, need_values, need_query, need_norm_weight):
+    check_args(values, query, norm_weight, eps)
+    need_norm_weight = need_norm_weight and norm_weight is not None
+    return (
+        torch.empty_like(values, memory_format=torch.contiguous_format) if need_values else values.new_empty(0),
+        torch.empty_like(query) if need_query else query.new_empty(0),
+        torch.empty_like(norm_weight) if need_norm_weight else query.new_empty(0),
+    )
+
+
+def _setup_context(ctx, inputs, output):
+    values, query, norm_weight, eps = inputs
+    ctx.save_for_backward(values, query, norm_weight)
+    ctx.eps = eps
+
+
+def _backward_rule(ctx, grad_out):
+    values, query, norm_weight = ctx.saved_tensors
+    need_values, need_query, need_weight = ctx.needs_input_grad[:3]
+    grad_values, grad_query, grad_weight = torch.ops.fusedops.attn_res_backward(
+        grad_out, values, query, norm_weight, ctx.eps, need_values, need_query, need_weight
+    )
+    return (
+        grad_values if need_values else None,
+        grad_query if need_query else None,
+        grad_weight if need_weight and norm_weight is not None else None,
+        None,
+    )
+
+
+attn_res_op.register_autograd(_backward_rule, setup_context=_setup_context)
+
+
+def attn_res(values: Tensor, query: Tensor, norm_weight: Optional[Tensor] = None, eps: float = 1e-6) -> Tensor:
+    """Attention Residuals (Kimi AttnRes): a softmax over depth mixes N sources per token.
+
+    Args:
+        values: [N, *batch, D] float32/float16/bfloat16. The N depth sources (embedding output and
+            block outputs); any number of batch dims, zero included. Only the last dim needs stride 1:
+            a slice of a preallocated bank (``bank[:n]``) or permuted batch dims are read in place.
+        query: [D], the learned pseudo-query (any float dtype, e.g. fp32 with bf16 values).
+        norm_weight: [D] RMSNorm gain applied to the keys; None means ones.
+        eps: RMSNorm epsilon, positive and finite.
+
+    Returns:
+        [*batch, D] in values' dtype:
+        ``out = sum_i softmax_i(<query, rmsnorm(values[i]) * norm_weight>) * values[i]``
+        with ``rmsnorm(v) = v / sqrt(mean(v * v) + eps)``; the softmax runs over the N axis and the
+        values enter the sum un-normalised. All reductions accumulate in fp32.
+
+    Differentiable in values, query and norm_weight; the backward is the op
+    ``fusedops::attn_res_backward`` (deterministic, O(tokens x N) fp32 scratch, no copy of values).
+    Raises ValueError naming the argument on bad input.
+    """
+    return torch.ops.fusedops.attn_res(values, query, norm_weight, eps)

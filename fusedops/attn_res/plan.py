@@ -1,0 +1,73 @@
+"""Launch plans for attn_res: block sizes and grids from a hardware Target and the problem shape."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fusedops.targets import Target
+
+# Bytes of on-chip state per tile element: the forward keeps the fp32 accumulator, the loaded row and
+# the folded query; the backward keeps grad_out, the query, the loaded row and the gradient row.
+FORWARD_BYTES_PER_ELEMENT = 16
+BACKWARD_BYTES_PER_ELEMENT = 24
+# On CUDA a program of ~4K elements (8 warps, 16 elements a thread) keeps enough loads in flight.
+CUDA_TILE_ELEMENTS = 4096
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def prev_pow2(n: int) -> int:
+    return 1 << (n.bit_length() - 1)
+
+
+@dataclass(frozen=True)
+class Plan:
+    block_t: int  # tokens per tile
+    block_d: int  # features per tile
+    one_tile: bool  # a whole row fits in one tile: the forward makes a single pass over values
+    grid: int  # programs launched; each loops over token blocks pid, pid + grid, ...
+    num_warps: int
+
+    @property
+    def programs(self) -> int:
+        return self.grid
+
+
+def make_plan(target: Target, tokens: int, dim: int, elem_size: int, *, backward: bool) -> Plan:
+    per_element = BACKWARD_BYTES_PER_ELEMENT if backward else FORWARD_BYTES_PER_ELEMENT
+    budget = target.onchip_bytes // per_element
+    min_row = max(1, target.row_align // elem_size)
+    if budget < min_row:
+        raise ValueError(
+            f"attn_res: an on-chip budget of {target.onchip_bytes} bytes cannot hold one aligned tile row"
+        )
+    largest = prev_pow2(budget)
+    full_row = max(next_pow2(dim), min_row)
+    one_tile = full_row <= largest
+    block_d = full_row if one_tile else largest
+    if target.interpreted or target.vendor != "cuda":
+        wanted = largest  # the interpreter and Ascend prefer few, large tiles
+    else:
+        wanted = max(CUDA_TILE_ELEMENTS, block_d)
+    block_t = max(1, min(prev_pow2(max(1, wanted // block_d)), next_pow2(max(tokens, 1))))
+    if backward:
+        block_t = 1 if target.vendor == "cuda" and not target.interpreted and dim >= 1024 else block_t
+    blocks = -(-tokens // block_t)
+    # The backward is always persistent: each program owns one row of fp32 partial sums for the
+    # query/weight gradient, reduced in a fixed order afterwards (deterministic, no atomics).
+    persistent = True if backward else None
+    grid = target.grid_size(blocks, persistent=persistent)
+    num_warps = min(16, max(4, block_t * block_d // 512))
+    return Plan(block_t=block_t, block_d=block_d, one_tile=one_tile, grid=grid, num_warps=num_warps)
+
+
+def reduce_plan(target: Target, dim: int, programs: int) -> tuple[int, int, int]:
+    """(BLOCK_D, BLOCK_P, grid) for summing the backward's [programs, dim] partial sums."""
+    block_d = min(next_pow2(dim), 256 if not target.interpreted else 4096)
+    block_d = max(block_d, max(1, target.row_align // 4))
+    budget = max(1, target.onchip_bytes // (8 * block_d))
+    block_p = max(1, min(prev_pow2(budget), next_pow2(programs), 64))
+    grid = target.grid_size(-(-dim // block_d))
+    return block_d, block_p, grid

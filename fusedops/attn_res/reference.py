@@ -1,0 +1,74 @@
+"""The readable PyTorch definition of AttnRes (Kimi Attention Residuals), used on plain CPU tensors
+and as the specification the kernels are tested against.
+
+For each token, N depth sources v_i (the embedding output and earlier block outputs) are mixed by a
+softmax over depth whose logits compare a learned pseudo-query with the RMS-normalised sources:
+
+    rstd_i  = 1 / sqrt(mean(v_i ** 2) + eps)
+    logit_i = rstd_i * dot(query * norm_weight, v_i)
+    out     = sum_i softmax_i(logit) * v_i
+
+Everything is computed in float32 and the result is cast back to the values' dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+
+def _folded_query(query: Tensor, norm_weight: Optional[Tensor]) -> Tensor:
+    u = query.float()
+    return u if norm_weight is None else u * norm_weight.float()
+
+
+def _logits(v: Tensor, u: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    rstd = torch.rsqrt(v.square().mean(-1, keepdim=True) + eps)
+    return (v * u).sum(-1, keepdim=True) * rstd, rstd
+
+
+def attn_res(values: Tensor, query: Tensor, norm_weight: Optional[Tensor], eps: float) -> Tensor:
+    v = values.float()
+    logits, _ = _logits(v, _folded_query(query, norm_weight), eps)
+    alpha = torch.softmax(logits, dim=0)
+    return (alpha * v).sum(0).to(values.dtype)
+
+
+def attn_res_backward(
+    grad_out: Tensor,
+    values: Tensor,
+    query: Tensor,
+    norm_weight: Optional[Tensor],
+    eps: float,
+    need_values: bool,
+    need_query: bool,
+    need_norm_weight: bool,
+) -> tuple[Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
+    """Gradients in closed form (no autograd), written the way the kernel computes them.
+
+    With g = grad_out and s_i the logits:
+      dL/ds_i = alpha_i * (dot(g, v_i) - sum_j alpha_j dot(g, v_j))
+      dL/dv_i = alpha_i g + dL/ds_i * rstd_i * (u - s_i * rstd_i * v_i / D)
+      dL/du   = sum over tokens and i of dL/ds_i * rstd_i * v_i,  u = query * norm_weight
+    """
+    v = values.float()
+    g = grad_out.float()
+    u = _folded_query(query, norm_weight)
+    logits, rstd = _logits(v, u, eps)
+    alpha = torch.softmax(logits, dim=0)
+    g_dot_v = (g * v).sum(-1, keepdim=True)
+    d_logits = alpha * (g_dot_v - (alpha * g_dot_v).sum(0, keepdim=True))
+    grad_values = grad_query = grad_weight = None
+    if need_values:
+        D = v.shape[-1]
+        grad_values = (alpha * g + d_logits * rstd * (u - logits * rstd * v / D)).to(values.dtype)
+    if need_query or need_norm_weight:
+        grad_u = (d_logits * rstd * v).reshape(-1, v.shape[-1]).sum(0)
+        if need_query:
+            scale = grad_u if norm_weight is None else grad_u * norm_weight.float()
+            grad_query = scale.to(query.dtype)
+        if need_norm_weight and norm_weight is not None:
+            grad_weight = (grad_u * query.float()).to(norm_weight.dtype)
+    return grad_values, grad_query, grad_weight

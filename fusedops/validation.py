@@ -1,0 +1,43 @@
+"""Argument checks shared by every op. Each raises ValueError naming the argument, and none of them
+reads tensor data, so no check costs a device synchronisation."""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable, Optional
+
+import torch
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def check_float(name: str, t: torch.Tensor) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a tensor, got {type(t).__name__}")
+    if t.dtype not in FLOAT_DTYPES:
+        raise ValueError(f"{name} must be float32, float16 or bfloat16, got {t.dtype}")
+
+
+def check_min_dim(name: str, t: torch.Tensor, ndim: int) -> None:
+    if t.dim() < ndim:
+        raise ValueError(f"{name} must have at least {ndim} dims, got shape {tuple(t.shape)}")
+
+
+def check_last_dim_contiguous(name: str, t: torch.Tensor) -> None:
+    if t.dim() > 0 and t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(f"{name} must have stride 1 in its last dim, got strides {tuple(t.stride())}")
+
+
+def check_same_device(named: Iterable[tuple[str, Optional[torch.Tensor]]]) -> None:
+    named = [(n, t) for n, t in named if t is not None]
+    first_name, first = named[0]
+    for name, t in named[1:]:
+        if t.device != first.device:
+            raise ValueError(f"{name} is on {t.device} but {first_name} is on {first.device}")
+
+
+def check_positive_finite(name: str, value: float) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise ValueError(f"{name} must be a float, got {type(value).__name__}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be positive and finite, got {value}")
