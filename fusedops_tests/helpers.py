@@ -1,0 +1,79 @@
+"""Shared test machinery: choosing the execution path, tolerances, comparisons."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Iterator, Optional
+
+import pytest
+import torch
+
+from fusedops.registry import opaque_triton_ops  # noqa: F401  (re-exported for the tests)
+
+# The three ways a CPU tensor can run: the PyTorch reference, or the Triton kernels in the interpreter
+# under the CUDA or the Ascend launch plan.
+PATHS = [
+    pytest.param("reference", id="reference"),
+    pytest.param("cuda", id="cuda-plan", marks=pytest.mark.interpreter),
+    pytest.param("ascend", id="ascend-plan", marks=[pytest.mark.interpreter, pytest.mark.ascend]),
+]
+KERNEL_PATHS = PATHS[1:]
+
+# Relative error ||out - ref|| / ||ref|| allowed per dtype, against a float64 reference.
+RTOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+HAS_CUDA = torch.cuda.is_available()
+INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
+gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+
+
+@contextlib.contextmanager
+def _env(**updates: Optional[str]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in updates}
+    try:
+        for k, v in updates.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@contextlib.contextmanager
+def execution_path(path: str, onchip_bytes: Optional[int] = None) -> Iterator[None]:
+    """Run CPU tensors through `path` ("reference", "cuda" or "ascend"); `onchip_bytes` forces a small
+    on-chip budget on both plans so the tiled code paths run at test sizes."""
+    if path != "reference" and not INTERPRETER:
+        pytest.skip("interpreter-plan tests need TRITON_INTERPRET=1 (CPU-only machines set it)")
+    budget = None if onchip_bytes is None else str(onchip_bytes)
+    with _env(
+        FUSEDOPS_INTERPRET=None if path == "reference" else path,
+        FUSEDOPS_CUDA_ONCHIP_BYTES=budget,
+        FUSEDOPS_ASCEND_UB_BYTES=budget,
+    ):
+        yield
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| in float64; NaN anywhere in out fails every tolerance."""
+    out, ref = out.double(), ref.double()
+    if torch.isnan(out).any():
+        return float("inf")
+    denom = ref.norm().item()
+    diff = (out - ref).norm().item()
+    return diff / denom if denom > 0 else diff
+
+
+def assert_close(name: str, out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, scale: float = 1.0) -> None:
+    assert out.shape == ref.shape, f"{name}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
+    err = rel_err(out, ref)
+    tol = RTOL[dtype] * scale
+    assert err <= tol, f"{name}: relative error {err:.3e} > {tol:.1e} ({dtype})"
