@@ -1,0 +1,226 @@
+"""Registration of fusedops::embedding and fusedops::embedding_backward, and the wrapper."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+from torch.library import wrap_triton
+
+from fusedops.registry import fused_op
+from fusedops.targets import Target, target_for
+from fusedops.validation import check_float
+
+from . import reference
+from .kernels import embedding_bwd_kernel, embedding_fwd_kernel
+from .plan import make_plan
+
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def check_indices(indices: Tensor) -> None:
+    if not isinstance(indices, torch.Tensor):
+        raise ValueError(f"indices must be a tensor, got {type(indices).__name__}")
+    if indices.dtype not in INDEX_DTYPES:
+        raise ValueError(f"indices must be int32 or int64, got {indices.dtype}")
+
+
+def normalize_padding_idx(padding_idx: Optional[int], num_weights: int) -> int:
+    """padding_idx in [0, V), or -1 for none; negative values count from the end, as in torch."""
+    if padding_idx is None:
+        return -1
+    if isinstance(padding_idx, bool) or not isinstance(padding_idx, int):
+        raise ValueError(f"padding_idx must be an int or None, got {type(padding_idx).__name__}")
+    if not -num_weights <= padding_idx < num_weights:
+        raise ValueError(f"padding_idx must be within [-{num_weights}, {num_weights}) (num_embeddings), got {padding_idx}")
+    return padding_idx + num_weights if padding_idx < 0 else padding_idx
+
+
+def check_args(weight: Tensor, indices: Tensor, padding_idx: Optional[int]) -> int:
+    """Validates the arguments (no data is read) and returns the normalised padding index."""
+    check_float("weight", weight)
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be 2-D [num_embeddings, embedding_dim], got shape {tuple(weight.shape)}")
+    check_indices(indices)
+    if indices.device != weight.device:
+        raise ValueError(f"indices is on {indices.device} but weight is on {weight.device}")
+    return normalize_padding_idx(padding_idx, weight.shape[0])
+
+
+def first_out_of_range(indices: Tensor, num_weights: int) -> Optional[int]:
+    """The first index outside [0, num_weights), or None. Reads the data (a sync on a GPU)."""
+    if indices.numel() == 0:
+        return None
+    lo, hi = torch.aminmax(indices.reshape(-1))
+    if int(lo) >= 0 and int(hi) < num_weights:
+        return None
+    flat = indices.reshape(-1)
+    return int(flat[(flat < 0) | (flat >= num_weights)][0])
+
+
+def raise_if_out_of_range(indices: Tensor, num_weights: int) -> None:
+    bad = first_out_of_range(indices, num_weights)
+    if bad is not None:
+        raise IndexError(f"indices holds {bad}, outside the weight's rows [0, {num_weights})")
+
+
+def _forward(weight: Tensor, indices: Tensor, target: Target) -> Tensor:
+    num_weights, dim = weight.shape
+    out = weight.new_empty((*indices.shape, dim))
+    tokens = indices.numel()
+    if tokens == 0 or dim == 0:
+        return out
+    plan = make_plan(target, tokens, dim, weight.element_size(), backward=False)
+    wrap_triton(embedding_fwd_kernel)[(plan.grid,)](
+        indices.reshape(-1), weight, out,
+        tokens, num_weights, dim, weight.stride(0), weight.stride(1),
+        BLOCK_T=plan.block_rows, BLOCK_D=plan.block_d, num_warps=plan.num_warps,
+    )
+    return out
+
+
+def _run_offsets(flat: Tensor, num_weights: int) -> tuple[Tensor, Tensor]:
+    """(perm, offsets): token positions sorted stably by index, and where each index's run starts
+    in that order ([V + 1], int64). Out-of-range indices sort outside [offsets[0], offsets[V])."""
+    if flat.numel() == 0:
+        return flat.new_zeros(1, dtype=torch.int64), flat.new_zeros(num_weights + 1, dtype=torch.int64)
+    keys, perm = torch.sort(flat, stable=True)
+    bounds = torch.arange(num_weights + 1, dtype=keys.dtype, device=keys.device)
+    return perm, torch.searchsorted(keys, bounds)
+
+
+def _backward(
+    grad_out: Tensor, indices: Tensor, num_weights: int, padding_idx: int, scale_grad_by_freq: bool, target: Target
+) -> Tensor:
+    dim = grad_out.shape[-1]
+    grad_weight = grad_out.new_empty((num_weights, dim))
+    if num_weights == 0 or dim == 0:
+        return grad_weight
+    perm, offsets = _run_offsets(indices.reshape(-1), num_weights)
+    grad2d = grad_out.reshape(-1, dim)
+    plan = make_plan(target, num_weights, dim, grad_out.element_size(), backward=True)
+    wrap_triton(embedding_bwd_kernel)[(plan.grid,)](
+        grad2d, perm, offsets, grad_weight,
+        num_weights, dim, grad2d.stride(0), grad2d.stride(1), padding_idx,
+        SCALE=scale_grad_by_freq, BLOCK_R=plan.block_rows, BLOCK_D=plan.block_d, num_warps=plan.num_warps,
+    )
+    return grad_weight
+
+
+@fused_op("embedding")
+def embedding_op(weight: Tensor, indices: Tensor, padding_idx: Optional[int], scale_grad_by_freq: bool) -> Tensor:
+    """Row gather out = weight[indices]. See `fusedops.embedding` for shapes and semantics. On CPU
+    tensors an out-of-range index raises IndexError; elsewhere the kernel masks it (a zero row)."""
+    check_args(weight, indices, padding_idx)
+    if indices.device.type == "cpu":
+        raise_if_out_of_range(indices, weight.shape[0])
+    target = target_for(weight.device)
+    if target is None:
+        return reference.embedding(weight, indices, normalize_padding_idx(padding_idx, weight.shape[0]))
+    return _forward(weight, indices, target)
+
+
+def check_backward_args(grad_out: Tensor, indices: Tensor, num_weights: int, padding_idx: Optional[int]) -> int:
+    check_float("grad_out", grad_out)
+    check_indices(indices)
+    if grad_out.dim() != indices.dim() + 1 or grad_out.shape[:-1] != indices.shape:
+        raise ValueError(
+            f"grad_out must have shape [*indices.shape, D] = [{', '.join(map(str, indices.shape))}, D], "
+            f"got {tuple(grad_out.shape)}"
+        )
+    if indices.device != grad_out.device:
+        raise ValueError(f"indices is on {indices.device} but grad_out is on {grad_out.device}")
+    if num_weights < 0:
+        raise ValueError(f"num_weights must be >= 0, got {num_weights}")
+    return normalize_padding_idx(padding_idx, num_weights)
+
+
+@fused_op("embedding_backward")
+def embedding_backward_op(
+    grad_out: Tensor, indices: Tensor, num_weights: int, padding_idx: Optional[int], scale_grad_by_freq: bool
+) -> Tensor:
+    """The weight gradient of embedding, [num_weights, D] in grad_out's dtype. Deterministic: a
+    stable sort of the indices, then each tile of grad_weight sums its rows' runs in fp32 in token
+    order and is written exactly once (zeros included). Out-of-range indices contribute nothing."""
+    pad = check_backward_args(grad_out, indices, num_weights, padding_idx)
+    target = target_for(grad_out.device)
+    if target is None:
+        return reference.embedding_backward(grad_out, indices, num_weights, pad, scale_grad_by_freq)
+    return _backward(grad_out, indices, num_weights, pad, scale_grad_by_freq, target)
+
+
+@embedding_op.register_fake
+def _(weight, indices, padding_idx, scale_grad_by_freq):
+    check_args(weight, indices, padding_idx)
+    return weight.new_empty((*indices.shape, weight.shape[1]))
+
+
+@embedding_backward_op.register_fake
+def _(grad_out, indices, num_weights, padding_idx, scale_grad_by_freq):
+    check_backward_args(grad_out, indices, num_weights, padding_idx)
+    return grad_out.new_empty((num_weights, grad_out.shape[-1]))
+
+
+def _setup_context(ctx, inputs, output):
+    weight, indices, padding_idx, scale_grad_by_freq = inputs
+    ctx.save_for_backward(indices)
+    ctx.num_weights = weight.shape[0]
+    ctx.padding_idx = padding_idx
+    ctx.scale_grad_by_freq = scale_grad_by_freq
+
+
+def _backward_rule(ctx, grad_out):
+    (indices,) = ctx.saved_tensors
+    grad_weight = None
+    if ctx.needs_input_grad[0]:
+        grad_weight = torch.ops.fusedops.embedding_backward(
+            grad_out, indices, ctx.num_weights, ctx.padding_idx, ctx.scale_grad_by_freq
+        )
+    return grad_weight, None, None, None
+
+
+embedding_op.register_autograd(_backward_rule, setup_context=_setup_context)
+
+
+def embedding(
+    indices: Tensor,
+    weight: Tensor,
+    padding_idx: Optional[int] = None,
+    scale_grad_by_freq: bool = False,
+    *,
+    max_norm: Optional[float] = None,
+    sparse: bool = False,
+    check_bounds: bool = True,
+) -> Tensor:
+    """Embedding lookup with `torch.nn.functional.embedding` semantics: ``out = weight[indices]``.
+
+    Args:
+        indices: int32 or int64 tensor of any shape (empty included), on weight's device.
+        weight: [V, D] float32/float16/bfloat16. Rows may be strided (e.g. a column slice of a
+            larger matrix); nothing is copied.
+        padding_idx: that row's gradient is zero (its forward value is returned as stored).
+            Negative values count from the end, as in torch.
+        scale_grad_by_freq: divide each row's gradient by how often its index occurs in the batch.
+        max_norm, sparse: not supported; passing max_norm or sparse=True raises ValueError.
+        check_bounds: on a GPU, check that every index is in [0, V) before the launch and raise
+            IndexError naming the first offending value. This costs one small reduction and a host
+            sync; pass False to skip it. On CPU tensors the check always runs. With the check off
+            (or inside a torch.compile'd graph, where it is skipped) the kernels still never access
+            memory out of bounds: an out-of-range index yields a zero row and no gradient.
+
+    Returns:
+        [*indices.shape, D] in weight's dtype.
+
+    Differentiable in weight; the backward is the op ``fusedops::embedding_backward``
+    (deterministic, bitwise reproducible, writes grad_weight once, fp32 accumulation).
+    Raises ValueError naming the argument on bad input.
+    """
+    if max_norm is not None:
+        raise ValueError("max_norm is not supported by fusedops.embedding (renormalise the weight yourself)")
+    if sparse:
+        raise ValueError("sparse=True is not supported by fusedops.embedding; the gradient is dense")
+    check_args(weight, indices, padding_idx)
+    if indices.device.type != "cpu" and check_bounds and not torch.compiler.is_compiling():
+        raise_if_out_of_range(indices, weight.shape[0])
+    return torch.ops.fusedops.embedding(weight, indices, padding_idx, scale_grad_by_freq)

@@ -1,0 +1,77 @@
+"""Launch plans for embedding: 2D tile shapes and grids from a hardware Target and the problem shape.
+
+Both kernels move bytes and do almost no arithmetic, so a plan only has to (1) keep a whole tile's
+row segment long enough for full-width coalesced accesses, (2) waste few masked lanes when D is not
+a power of two, (3) fit the tile in the target's on-chip budget (the Unified Buffer on Ascend) and
+(4) on CUDA, put enough bytes in flight per program to hide the gather's latency.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fusedops.targets import Target
+
+# On-chip bytes per tile element. Forward: the loaded tile, its copy on the way out, and the int64
+# gather offsets. Backward: the fp32 accumulator, the loaded gradient upcast to fp32, the raw load,
+# and the int64 gather offsets.
+FORWARD_FIXED_BYTES = 8
+BACKWARD_FIXED_BYTES = 16
+# CUDA: bytes one program moves per tile (16 KiB: 8 warps x 32 lanes x 4 16-byte vectors), the
+# longest feature block, and the most masked-off lanes a feature block may waste.
+CUDA_TILE_BYTES = 16 * 1024
+CUDA_MAX_BLOCK_D = 1024
+MAX_WASTE = 1 / 8
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def prev_pow2(n: int) -> int:
+    return 1 << (max(1, n).bit_length() - 1)
+
+
+@dataclass(frozen=True)
+class Plan:
+    block_rows: int  # tokens per tile (forward) or weight rows per tile (backward)
+    block_d: int  # features per tile
+    grid: int  # programs launched; each loops over tiles pid, pid + grid, ...
+    num_warps: int
+
+    def tiles(self, rows: int, dim: int) -> int:
+        return -(-rows // self.block_rows) * -(-dim // self.block_d)
+
+
+def _block_d(dim: int, min_d: int, max_d: int) -> int:
+    """The longest power-of-two feature block <= max_d whose padding wastes at most MAX_WASTE of the
+    row (D = 768 -> 256, D = 1600 -> 256), never shorter than min_d (one aligned row)."""
+    block = max(min_d, min(max_d, next_pow2(dim)))
+    while block > min_d:
+        padded = -(-dim // block) * block
+        if (padded - dim) <= MAX_WASTE * dim:
+            break
+        block //= 2
+    return block
+
+
+def make_plan(target: Target, rows: int, dim: int, elem_size: int, *, backward: bool) -> Plan:
+    """rows: tokens (forward) or vocabulary rows V (backward); dim: D; elem_size: weight bytes."""
+    per_element = (BACKWARD_FIXED_BYTES + elem_size) if backward else (FORWARD_FIXED_BYTES + 2 * elem_size)
+    budget = target.onchip_bytes // per_element  # tile elements that fit on chip
+    min_d = max(1, target.row_align // elem_size)
+    if budget < min_d:
+        raise ValueError(f"embedding: an on-chip budget of {target.onchip_bytes} bytes cannot hold one aligned tile row")
+    largest = prev_pow2(budget)
+    if target.vendor == "cuda" and not target.interpreted:
+        wanted = min(largest, max(CUDA_TILE_BYTES // elem_size, 1))
+        block_d = _block_d(dim, min_d, min(CUDA_MAX_BLOCK_D, wanted))
+    else:
+        # Ascend and the interpreter: few, large tiles; the whole row when it fits the budget.
+        wanted = largest
+        block_d = _block_d(dim, min_d, largest)
+    block_rows = max(1, min(prev_pow2(max(1, wanted // block_d)), next_pow2(max(rows, 1))))
+    tiles = -(-max(rows, 1) // block_rows) * -(-max(dim, 1) // block_d)
+    grid = target.grid_size(tiles)
+    num_warps = min(8, max(1, block_rows * block_d // 1024))
+    return Plan(block_rows=block_rows, block_d=block_d, grid=grid, num_warps=num_warps)

@@ -1,0 +1,48 @@
+"""The readable PyTorch definition of fusedops.embedding, used on plain CPU tensors and as the
+specification the kernels are tested against.
+
+Forward: out[*i] = weight[indices[*i]] (a row gather). An index outside [0, V) reads as a zero row:
+the op itself never faults on bad data; the wrapper `fusedops.embedding` raises IndexError first.
+
+Backward (the weight gradient, the only one):
+    grad_weight[v] = s_v * sum over tokens t with indices[t] == v of grad_out[t]
+with s_v = 1 / count_v under scale_grad_by_freq (count_v: how often v occurs in the batch) and 1
+otherwise; the padding_idx row and rows that no token names are zero; tokens with an out-of-range
+index contribute nothing. Sums run in float32 and are cast to the weight's dtype once.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def in_range(flat: Tensor, num_weights: int) -> Tensor:
+    return (flat >= 0) & (flat < num_weights)
+
+
+def embedding(weight: Tensor, indices: Tensor, padding_idx: int) -> Tensor:
+    """padding_idx is already normalised to [0, V) or -1; the forward does not use it."""
+    num_weights, dim = weight.shape
+    flat = indices.reshape(-1).long()
+    ok = in_range(flat, num_weights)
+    rows = weight.index_select(0, torch.where(ok, flat, 0)) if num_weights else weight.new_zeros(flat.shape[0], dim)
+    out = torch.where(ok[:, None], rows, rows.new_zeros(()))
+    return out.reshape(*indices.shape, dim)
+
+
+def embedding_backward(
+    grad_out: Tensor, indices: Tensor, num_weights: int, padding_idx: int, scale_grad_by_freq: bool
+) -> Tensor:
+    dim = grad_out.shape[-1]
+    flat = indices.reshape(-1).long()
+    g = grad_out.reshape(-1, dim).float()
+    ok = in_range(flat, num_weights)
+    flat, g = flat[ok], g[ok]
+    if scale_grad_by_freq:
+        counts = torch.bincount(flat, minlength=num_weights).float()
+        g = g / counts[flat][:, None]
+    grad = torch.zeros(num_weights, dim, dtype=torch.float32, device=grad_out.device).index_add_(0, flat, g)
+    if padding_idx >= 0:
+        grad[padding_idx] = 0
+    return grad.to(grad_out.dtype)
