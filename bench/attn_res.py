@@ -1,0 +1,68 @@
+"""attn_res benchmark (minimal harness version): fusedops vs the eager reference, torch.compile of the
+reference, Liger-Kernel and fla-core when importable. Cases (N, B, T, D) from issue #2."""
+
+from __future__ import annotations
+
+import torch
+
+from bench.common import Context, error_row, fwd_bwd_fns, measure, optional_import
+
+OP = "attn_res"
+CASES = [(8, 1, 8192, 4096), (16, 1, 4096, 4096), (32, 1, 4096, 4096), (4, 2, 4096, 4096), (8, 2, 4096, 8192),
+         (64, 1, 2048, 4096)]
+CPU_CASES = [(8, 1, 512, 1024), (16, 1, 256, 1024)]
+QUICK = {"cpu": [(4, 1, 128, 256)], "gpu": [(8, 1, 4096, 4096)]}
+
+
+def eager(values, query, norm_weight, eps=1e-6):
+    keys = values.float() * torch.rsqrt(values.float().pow(2).mean(-1, keepdim=True) + eps) * norm_weight.float()
+    alpha = torch.softmax((keys * query.float()).sum(-1), dim=0)
+    return (alpha.unsqueeze(-1) * values.float()).sum(0).to(values.dtype)
+
+
+def providers():
+    import fusedops
+
+    yield "fusedops", lambda v, q, w: fusedops.attn_res(v, q, w)
+    yield "eager", eager
+    compiled = torch.compile(eager, dynamic=False)
+    yield "torch.compile", compiled
+
+    def liger(v, q, w):
+        mod = optional_import("liger_kernel.ops.attn_res")
+        return mod.LigerAttnResFunction.apply(v, q, w)
+
+    yield "liger", liger
+
+    def fla(v, q, w):
+        mod = optional_import("fla.ops.attnres")
+        return mod.fused_attnres(list(v.unbind(0)), q, w)
+
+    yield "fla", fla
+
+
+def run(ctx: Context) -> list[dict]:
+    cpu = ctx.device.type == "cpu"
+    cases = ctx.select(CPU_CASES if cpu and not ctx.sizes else CASES, quick=QUICK["cpu" if cpu else "gpu"])
+    rows = []
+    for case in cases:
+        n, b, t, d = case
+        tokens = b * t
+        esize = torch.tensor([], dtype=ctx.dtype).element_size()
+        nbytes = {"fwd": (n + 1) * tokens * d * esize, "bwd": (2 * n + 1) * tokens * d * esize}
+        nbytes["fwd+bwd"] = nbytes["fwd"] + nbytes["bwd"]
+        values = torch.randn(n, b, t, d, device=ctx.device, dtype=ctx.dtype, requires_grad=True)
+        query = (0.1 * torch.randn(d, device=ctx.device)).requires_grad_()
+        norm_weight = torch.ones(d, device=ctx.device, requires_grad=True)
+        for name, fn in providers():
+            try:
+                fns = fwd_bwd_fns(lambda fn=fn: fn(values, query, norm_weight), [values, query, norm_weight])
+            except Exception as e:  # noqa: BLE001
+                rows += [error_row(OP, case, name, m, e) for m in ("fwd", "bwd", "fwd+bwd")]
+                continue
+            for mode, f in fns.items():
+                rows.append(measure(ctx, OP, case, name, mode, f, nbytes=nbytes[mode]))
+            del fns
+        del values, query, norm_weight
+        ctx.empty_cache()
+    return rows

@@ -1,0 +1,252 @@
+"""What every op benchmark shares: the run context, timing, memory, rows.
+
+An op benchmark is a module `bench/<op>.py` with `run(ctx: Context) -> list[dict]`. Each row has the
+keys op, case (str), provider, mode ("fwd" | "bwd" | "fwd+bwd"), ms, and where meaningful tbps,
+pct_ceiling, tflops, peak_mb, error (str: the provider failed or is not importable). `measure` builds
+such a row from a callable and never raises.
+
+An op module may also define `parity_case(device, dtype) -> (fn, inputs)` for the CPU parity check;
+see bench/parity.py for the built-in tiny cases.
+"""
+
+from __future__ import annotations
+
+import importlib
+import statistics
+import sys
+import time as _time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+import torch
+
+MODES = ("fwd", "bwd", "fwd+bwd")
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def detect_device(requested: Optional[str] = None) -> torch.device:
+    """cuda if present, else npu if torch_npu imports and sees a device, else cpu."""
+    if requested:
+        if requested == "npu":
+            import torch_npu  # noqa: F401
+        return torch.device(requested)
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    try:
+        import torch_npu  # noqa: F401
+
+        if torch.npu.is_available():
+            return torch.device("npu")
+    except Exception:
+        pass
+    return torch.device("cpu")
+
+
+def _accel(device: torch.device):
+    """torch.cuda or torch.npu for an accelerator device, None on CPU."""
+    if device.type == "cuda":
+        return torch.cuda
+    if device.type == "npu":
+        return torch.npu
+    return None
+
+
+def synchronize(device: torch.device) -> None:
+    mod = _accel(device)
+    if mod is not None:
+        mod.synchronize()
+
+
+def device_name(device: torch.device) -> str:
+    mod = _accel(device)
+    if mod is not None:
+        try:
+            return str(mod.get_device_name(device))
+        except Exception:
+            return device.type
+    import platform
+
+    return platform.processor() or platform.machine() or "cpu"
+
+
+@dataclass
+class Context:
+    device: torch.device
+    dtype: torch.dtype = torch.bfloat16
+    quick: bool = False
+    sizes: Optional[list[str]] = None  # user selection: case strings (see `select`), or None for all
+    ceiling_tbps: float = float("nan")  # device-to-device copy bandwidth, bytes read + written
+    verbose: bool = True
+    rows: list = field(default_factory=list)
+
+    # ---- timing ------------------------------------------------------------------------------------
+    def time(self, fn: Callable[[], Any]) -> float:
+        """Median milliseconds of one call of fn."""
+        if self.device.type == "cuda":
+            import triton.testing
+
+            warmup, rep = (10, 30) if self.quick else (25, 100)
+            return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+        if self.device.type == "npu":
+            return _event_median(torch.npu, fn, reps=10 if self.quick else 50)
+        return _wall_median(fn, reps=3 if self.quick else 5)
+
+    def peak_mb(self, fn: Callable[[], Any]) -> Optional[float]:
+        """Peak allocated memory (MiB) above what was allocated before fn ran; None on CPU."""
+        mod = _accel(self.device)
+        if mod is None:
+            return None
+        mod.synchronize()
+        base = mod.memory_allocated(self.device)
+        mod.reset_peak_memory_stats(self.device)
+        fn()
+        mod.synchronize()
+        return (mod.max_memory_allocated(self.device) - base) / 2**20
+
+    def progress(self, msg: str) -> None:
+        if self.verbose:
+            print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+    # ---- helpers for op modules -------------------------------------------------------------------
+    def select(self, cases: Sequence[Any], quick: Optional[Sequence[Any]] = None) -> list:
+        """The cases to run: those matching --sizes when given (a case matches a selection string when
+        its `case_name` equals it or contains it), else `quick` (or the first case) in quick mode,
+        else all of them."""
+        if self.sizes:
+            wanted = [s.replace(" ", "") for s in self.sizes]
+            return [c for c in cases if any(w == case_name(c) or w in case_name(c) for w in wanted)]
+        if self.quick:
+            return list(quick) if quick is not None else list(cases[:1])
+        return list(cases)
+
+    def empty_cache(self) -> None:
+        mod = _accel(self.device)
+        if mod is not None:
+            try:
+                mod.empty_cache()
+            except Exception:
+                pass
+
+
+def _wall_median(fn: Callable[[], Any], reps: int) -> float:
+    fn()  # warm-up (compilation, allocator)
+    times = []
+    for _ in range(reps):
+        t0 = _time.perf_counter()
+        fn()
+        times.append((_time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def _event_median(mod, fn: Callable[[], Any], reps: int) -> float:
+    for _ in range(3):
+        fn()
+    mod.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = mod.Event(enable_timing=True), mod.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        mod.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def case_name(case: Any) -> str:
+    """"8,1,8192,4096" for a tuple of ints; str(case) otherwise."""
+    if isinstance(case, (tuple, list)):
+        return ",".join(case_name(c) if isinstance(c, (tuple, list)) else str(c) for c in case).replace(" ", "")
+    return str(case).replace(" ", "")
+
+
+def measure_ceiling(device: torch.device, quick: bool = False) -> float:
+    """Device-to-device copy bandwidth in TB/s, counting bytes read plus bytes written."""
+    nbytes = (256 if quick else 1024) * 2**20 if device.type != "cpu" else (32 if quick else 128) * 2**20
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    src.fill_(1)
+    if device.type == "cpu":
+        ms = _wall_median(lambda: src.clone(), reps=5)
+    else:
+        dst = torch.empty_like(src)
+        ctx = Context(device=device, quick=quick, verbose=False)
+        ms = ctx.time(lambda: dst.copy_(src))
+        del dst
+    del src
+    return 2 * nbytes / (ms * 1e-3) / 1e12
+
+
+def row(op: str, case: Any, provider: str, mode: str, **extra: Any) -> dict:
+    r = {"op": op, "case": case_name(case) if not isinstance(case, str) else case, "provider": provider, "mode": mode}
+    r.setdefault("ms", None)
+    r.update(extra)
+    return r
+
+
+def error_row(op: str, case: Any, provider: str, mode: str, error: Any) -> dict:
+    msg = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+    return row(op, case, provider, mode, ms=None, error=msg.strip().splitlines()[0][:300] if msg.strip() else msg)
+
+
+def measure(
+    ctx: Context,
+    op: str,
+    case: Any,
+    provider: str,
+    mode: str,
+    fn: Callable[[], Any],
+    nbytes: Optional[float] = None,
+    flops: Optional[float] = None,
+    memory: bool = True,
+) -> dict:
+    """Time fn (and its peak memory) into a row; nbytes gives tbps and pct_ceiling, flops gives tflops.
+    Any exception (OOM included) becomes the row's error."""
+    ctx.progress(f"{op} {case_name(case)} {provider} {mode}")
+    try:
+        ms = ctx.time(fn)
+        r = row(op, case, provider, mode, ms=ms)
+        if nbytes is not None:
+            r["tbps"] = nbytes / (ms * 1e-3) / 1e12
+            if ctx.ceiling_tbps and ctx.ceiling_tbps == ctx.ceiling_tbps:
+                r["pct_ceiling"] = 100.0 * r["tbps"] / ctx.ceiling_tbps
+        if flops is not None:
+            r["tflops"] = flops / (ms * 1e-3) / 1e12
+        if memory:
+            r["peak_mb"] = ctx.peak_mb(fn)
+        return r
+    except Exception as e:  # noqa: BLE001 - one provider failing must not end the run
+        ctx.empty_cache()
+        return error_row(op, case, provider, mode, e)
+
+
+def optional_import(name: str):
+    """The module, or raise ImportError with a short message (for provider error rows)."""
+    try:
+        return importlib.import_module(name)
+    except Exception as e:  # noqa: BLE001
+        raise ImportError(f"{name} not importable ({type(e).__name__}: {e})") from e
+
+
+def grads_of(out: torch.Tensor, inputs: Iterable[torch.Tensor], grad_out: torch.Tensor) -> tuple:
+    """torch.autograd.grad of out against grad_out over the inputs that require grad."""
+    req = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+    return torch.autograd.grad(out, req, grad_out, retain_graph=True)
+
+
+def fwd_bwd_fns(forward: Callable[[], torch.Tensor], inputs: Sequence[torch.Tensor]) -> dict:
+    """The three timed callables of a differentiable forward: fwd, bwd (on a saved graph), fwd+bwd."""
+    req = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+    out = forward()
+    grad_out = torch.randn_like(out)
+
+    def fwd():
+        with torch.no_grad():
+            return forward()
+
+    def bwd():
+        return torch.autograd.grad(out, req, grad_out, retain_graph=True)
+
+    def fwd_bwd():
+        return torch.autograd.grad(forward(), req, grad_out)
+
+    return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd_bwd}
