@@ -1,0 +1,442 @@
+"""Triton kernels for neighborhood attention. One source for the CUDA and the Ascend plans.
+
+Every problem is seen as 3-D: the host pads 1-D and 2-D problems with axes of length 1 (kernel 1,
+dilation 1, stride 1). A tile is a box of positions BM0 x BM1 x BM2 (flattened row-major into
+BLOCK_M = BM0*BM1*BM2 rows) taken inside ONE dilation group per axis, so a tile never mixes groups
+and the neighbourhood test is plain interval arithmetic on within-group coordinates:
+    original position = within-group index * dilation + group.
+A query tile walks only the key boxes (BN0 x BN1 x BN2) that cover the union of its rows' windows,
+masks per element, and keeps an online softmax in base 2. The backward walks, for each key tile,
+the query tiles whose windows can reach it (bounded from above, each skipped by an exact interval
+test), accumulating dK/dV in registers over all query heads of its GQA group: no atomics.
+
+All tensor offsets are int64; q/k/v/grad_out are read through their own (batch, head, axis) strides,
+so a permuted heads-last view runs without a copy. out, lse, delta and the gradients are contiguous.
+"""
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+@triton.jit
+def _window(i, lg, K, ST, CAUSAL, TRUNCATED: tl.constexpr):
+    """Inclusive within-group key window [lo, hi] of within-group query index i (scalar or tensor)."""
+    if TRUNCATED:
+        lo = tl.maximum(i - tl.where(CAUSAL != 0, K - 1, K // 2), 0)
+        hi = tl.where(CAUSAL != 0, i, tl.minimum(i + K // 2, lg - 1))
+    else:
+        c = tl.minimum((i // ST) * ST + tl.where(CAUSAL != 0, ST - 1, ST // 2), lg - 1)
+        lo_shift = tl.minimum(tl.maximum(c - K // 2, 0), lg - K)
+        lo = tl.where(CAUSAL != 0, tl.maximum(c - K + 1, 0), lo_shift)
+        hi = tl.where(CAUSAL != 0, i, lo_shift + K - 1)
+    return lo, hi
+
+
+@triton.jit
+def _reach(K, ST, CAUSAL, TRUNCATED: tl.constexpr):
+    """(before, after): a query i' whose window holds key j' has j' - before <= i' <= j' + after."""
+    if TRUNCATED:
+        before = tl.where(CAUSAL != 0, 0, K // 2)
+        after = tl.where(CAUSAL != 0, K - 1, K // 2)
+    else:
+        before = tl.where(CAUSAL != 0, 0, K + ST)
+        after = tl.where(CAUSAL != 0, K - 1, K + ST)
+    return before, after
+
+
+@triton.jit
+def _group_len(L, DIL, g):
+    return L // DIL + (g < L % DIL).to(tl.int32)
+
+
+@triton.jit
+def _split_tile(t, H, T0, T1, T2):
+    """Tile index -> (batch, head, per-axis tile index)."""
+    a2 = t % T2
+    t = t // T2
+    a1 = t % T1
+    t = t // T1
+    a0 = t % T0
+    t = t // T0
+    return t // H, t % H, a0, a1, a2
+
+
+@triton.jit
+def _box(B0: tl.constexpr, B1: tl.constexpr, B2: tl.constexpr):
+    """Row-major coordinates of the BLOCK = B0*B1*B2 cells of a box."""
+    r = tl.arange(0, B0 * B1 * B2)
+    return r // (B1 * B2), (r // B2) % B1, r % B2
+
+
+@triton.jit
+def na_fwd_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
+    sqb, sqh, sq0, sq1, sq2,
+    skb, skh, sk0, sk1, sk2,
+    svb, svh, sv0, sv1, sv2,
+    H, G, D, DV,
+    L0, L1, L2, K0, K1, K2, DL0, DL1, DL2, ST0, ST1, ST2, C0, C1, C2,
+    NB0, NB1, NB2, num_tiles, qk_scale,
+    TRUNCATED: tl.constexpr,
+    BM0: tl.constexpr, BM1: tl.constexpr, BM2: tl.constexpr,
+    BN0: tl.constexpr, BN1: tl.constexpr, BN2: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    T0 = DL0 * NB0
+    T1 = DL1 * NB1
+    T2 = DL2 * NB2
+    S = L0 * L1 * L2
+    dq_off = tl.arange(0, BLOCK_D)
+    dv_off = tl.arange(0, BLOCK_DV)
+    d_mask = dq_off < D
+    dv_mask = dv_off < DV
+    r0, r1, r2 = _box(BM0, BM1, BM2)
+    c0, c1, c2 = _box(BN0, BN1, BN2)
+    for tile in range(pid, num_tiles, tl.num_programs(0)):
+        b, h, a0, a1, a2 = _split_tile(tile, H, T0, T1, T2)
+        hk = h // G
+        g0 = a0 // NB0
+        g1 = a1 // NB1
+        g2 = a2 // NB2
+        lg0 = _group_len(L0, DL0, g0)
+        lg1 = _group_len(L1, DL1, g1)
+        lg2 = _group_len(L2, DL2, g2)
+        i00 = (a0 % NB0) * BM0
+        i01 = (a1 % NB1) * BM1
+        i02 = (a2 % NB2) * BM2
+        i0 = i00 + r0
+        i1 = i01 + r1
+        i2 = i02 + r2
+        row_ok = (i0 < lg0) & (i1 < lg1) & (i2 < lg2)
+        p0 = i0 * DL0 + g0
+        p1 = i1 * DL1 + g1
+        p2 = i2 * DL2 + g2
+        q_rows = b.to(tl.int64) * sqb + h.to(tl.int64) * sqh + p0.to(tl.int64) * sq0 + p1.to(tl.int64) * sq1 \
+            + p2.to(tl.int64) * sq2
+        q = tl.load(q_ptr + q_rows[:, None] + dq_off[None, :], mask=row_ok[:, None] & d_mask[None, :], other=0.0)
+        if DOT_FP32:
+            q = q.to(tl.float32)
+        lo0, hi0 = _window(i0, lg0, K0, ST0, C0, TRUNCATED)
+        lo1, hi1 = _window(i1, lg1, K1, ST1, C1, TRUNCATED)
+        lo2, hi2 = _window(i2, lg2, K2, ST2, C2, TRUNCATED)
+        # key range of the whole tile: windows are monotone in the query index
+        klo0, _ = _window(i00, lg0, K0, ST0, C0, TRUNCATED)
+        klo1, _ = _window(i01, lg1, K1, ST1, C1, TRUNCATED)
+        klo2, _ = _window(i02, lg2, K2, ST2, C2, TRUNCATED)
+        _, khi0 = _window(tl.minimum(i00 + BM0 - 1, lg0 - 1), lg0, K0, ST0, C0, TRUNCATED)
+        _, khi1 = _window(tl.minimum(i01 + BM1 - 1, lg1 - 1), lg1, K1, ST1, C1, TRUNCATED)
+        _, khi2 = _window(tl.minimum(i02 + BM2 - 1, lg2 - 1), lg2, K2, ST2, C2, TRUNCATED)
+        kv_base_k = b.to(tl.int64) * skb + hk.to(tl.int64) * skh
+        kv_base_v = b.to(tl.int64) * svb + hk.to(tl.int64) * svh
+        m_i = tl.full([BM0 * BM1 * BM2], -1.0e30, tl.float32)
+        l_i = tl.zeros([BM0 * BM1 * BM2], tl.float32)
+        acc = tl.zeros([BM0 * BM1 * BM2, BLOCK_DV], tl.float32)
+        for j00 in range(klo0, khi0 + 1, BN0):
+            j0 = j00 + c0
+            for j01 in range(klo1, khi1 + 1, BN1):
+                j1 = j01 + c1
+                for j02 in range(klo2, khi2 + 1, BN2):
+                    j2 = j02 + c2
+                    col_ok = (j0 <= khi0) & (j1 <= khi1) & (j2 <= khi2)
+                    pk0 = (j0 * DL0 + g0).to(tl.int64)
+                    pk1 = (j1 * DL1 + g1).to(tl.int64)
+                    pk2 = (j2 * DL2 + g2).to(tl.int64)
+                    k_cols = kv_base_k + pk0 * sk0 + pk1 * sk1 + pk2 * sk2
+                    v_cols = kv_base_v + pk0 * sv0 + pk1 * sv1 + pk2 * sv2
+                    kt = tl.load(k_ptr + k_cols[None, :] + dq_off[:, None], mask=col_ok[None, :] & d_mask[:, None],
+                                 other=0.0)
+                    vt = tl.load(v_ptr + v_cols[:, None] + dv_off[None, :], mask=col_ok[:, None] & dv_mask[None, :],
+                                 other=0.0)
+                    if DOT_FP32:
+                        kt = kt.to(tl.float32)
+                        vt = vt.to(tl.float32)
+                    s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
+                    ok = (row_ok[:, None] & col_ok[None, :]
+                          & (j0[None, :] >= lo0[:, None]) & (j0[None, :] <= hi0[:, None])
+                          & (j1[None, :] >= lo1[:, None]) & (j1[None, :] <= hi1[:, None])
+                          & (j2[None, :] >= lo2[:, None]) & (j2[None, :] <= hi2[:, None]))
+                    s = tl.where(ok, s, float("-inf"))
+                    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+                    alpha = tl.exp2(m_i - m_new)
+                    p = tl.exp2(s - m_new[:, None])
+                    l_i = l_i * alpha + tl.sum(p, axis=1)
+                    acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision=PRECISION)
+                    m_i = m_new
+        l_safe = tl.where(l_i > 0, l_i, 1.0)
+        out = acc / l_safe[:, None]
+        flat = ((b * H + h).to(tl.int64) * S + (p0 * L1 * L2 + p1 * L2 + p2).to(tl.int64))
+        tl.store(o_ptr + flat[:, None] * DV + dv_off[None, :], out.to(o_ptr.dtype.element_ty),
+                 mask=row_ok[:, None] & dv_mask[None, :])
+        lse = (m_i + tl.log2(l_safe)) * 0.6931471805599453
+        tl.store(lse_ptr + flat, lse, mask=row_ok)
+
+
+@triton.jit
+def na_bwd_delta_kernel(
+    o_ptr, do_ptr, dlse_ptr, delta_ptr,
+    sdb, sdh, sd0, sd1, sd2,
+    H, DV, L1, L2, S, num_blocks,
+    HAS_DLSE: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr,
+):
+    """delta = rowsum(dO * O) - dLSE over [B, H, S] rows (fp32); out is contiguous, dO strided."""
+    pid = tl.program_id(0)
+    dv_off = tl.arange(0, BLOCK_DV)
+    dv_mask = dv_off < DV
+    nsb = tl.cdiv(S, BLOCK_S)
+    for blk in range(pid, num_blocks, tl.num_programs(0)):
+        bh = blk // nsb
+        s = (blk % nsb) * BLOCK_S + tl.arange(0, BLOCK_S)
+        s_ok = s < S
+        b = bh // H
+        h = bh % H
+        p2 = s % L2
+        p1 = (s // L2) % L1
+        p0 = s // (L1 * L2)
+        do_rows = b.to(tl.int64) * sdb + h.to(tl.int64) * sdh + p0.to(tl.int64) * sd0 + p1.to(tl.int64) * sd1 \
+            + p2.to(tl.int64) * sd2
+        flat = bh.to(tl.int64) * S + s.to(tl.int64)
+        mask = s_ok[:, None] & dv_mask[None, :]
+        o = tl.load(o_ptr + flat[:, None] * DV + dv_off[None, :], mask=mask, other=0.0).to(tl.float32)
+        do = tl.load(do_ptr + do_rows[:, None] + dv_off[None, :], mask=mask, other=0.0).to(tl.float32)
+        delta = tl.sum(o * do, axis=1)
+        if HAS_DLSE:
+            delta -= tl.load(dlse_ptr + flat, mask=s_ok, other=0.0).to(tl.float32)
+        tl.store(delta_ptr + flat, delta, mask=s_ok)
+
+
+@triton.jit
+def na_bwd_dq_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
+    sqb, sqh, sq0, sq1, sq2,
+    skb, skh, sk0, sk1, sk2,
+    svb, svh, sv0, sv1, sv2,
+    sdb, sdh, sd0, sd1, sd2,
+    H, G, D, DV,
+    L0, L1, L2, K0, K1, K2, DL0, DL1, DL2, ST0, ST1, ST2, C0, C1, C2,
+    NB0, NB1, NB2, num_tiles, qk_scale, scale,
+    TRUNCATED: tl.constexpr,
+    BM0: tl.constexpr, BM1: tl.constexpr, BM2: tl.constexpr,
+    BN0: tl.constexpr, BN1: tl.constexpr, BN2: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """dQ_i = scale * sum_j p_ij (dO_i.v_j - delta_i) k_j per query tile, walking keys as the forward."""
+    pid = tl.program_id(0)
+    T0 = DL0 * NB0
+    T1 = DL1 * NB1
+    T2 = DL2 * NB2
+    S = L0 * L1 * L2
+    dq_off = tl.arange(0, BLOCK_D)
+    dv_off = tl.arange(0, BLOCK_DV)
+    d_mask = dq_off < D
+    dv_mask = dv_off < DV
+    r0, r1, r2 = _box(BM0, BM1, BM2)
+    c0, c1, c2 = _box(BN0, BN1, BN2)
+    for tile in range(pid, num_tiles, tl.num_programs(0)):
+        b, h, a0, a1, a2 = _split_tile(tile, H, T0, T1, T2)
+        hk = h // G
+        g0 = a0 // NB0
+        g1 = a1 // NB1
+        g2 = a2 // NB2
+        lg0 = _group_len(L0, DL0, g0)
+        lg1 = _group_len(L1, DL1, g1)
+        lg2 = _group_len(L2, DL2, g2)
+        i00 = (a0 % NB0) * BM0
+        i01 = (a1 % NB1) * BM1
+        i02 = (a2 % NB2) * BM2
+        i0 = i00 + r0
+        i1 = i01 + r1
+        i2 = i02 + r2
+        row_ok = (i0 < lg0) & (i1 < lg1) & (i2 < lg2)
+        p0 = i0 * DL0 + g0
+        p1 = i1 * DL1 + g1
+        p2 = i2 * DL2 + g2
+        pos0 = p0.to(tl.int64)
+        pos1 = p1.to(tl.int64)
+        pos2 = p2.to(tl.int64)
+        q_rows = b.to(tl.int64) * sqb + h.to(tl.int64) * sqh + pos0 * sq0 + pos1 * sq1 + pos2 * sq2
+        do_rows = b.to(tl.int64) * sdb + h.to(tl.int64) * sdh + pos0 * sd0 + pos1 * sd1 + pos2 * sd2
+        q = tl.load(q_ptr + q_rows[:, None] + dq_off[None, :], mask=row_ok[:, None] & d_mask[None, :], other=0.0)
+        do = tl.load(do_ptr + do_rows[:, None] + dv_off[None, :], mask=row_ok[:, None] & dv_mask[None, :], other=0.0)
+        if DOT_FP32:
+            q = q.to(tl.float32)
+            do = do.to(tl.float32)
+        flat = (b * H + h).to(tl.int64) * S + (p0 * L1 * L2 + p1 * L2 + p2).to(tl.int64)
+        lse2 = tl.load(lse_ptr + flat, mask=row_ok, other=0.0) * 1.4426950408889634
+        delta = tl.load(delta_ptr + flat, mask=row_ok, other=0.0)
+        lo0, hi0 = _window(i0, lg0, K0, ST0, C0, TRUNCATED)
+        lo1, hi1 = _window(i1, lg1, K1, ST1, C1, TRUNCATED)
+        lo2, hi2 = _window(i2, lg2, K2, ST2, C2, TRUNCATED)
+        klo0, _ = _window(i00, lg0, K0, ST0, C0, TRUNCATED)
+        klo1, _ = _window(i01, lg1, K1, ST1, C1, TRUNCATED)
+        klo2, _ = _window(i02, lg2, K2, ST2, C2, TRUNCATED)
+        _, khi0 = _window(tl.minimum(i00 + BM0 - 1, lg0 - 1), lg0, K0, ST0, C0, TRUNCATED)
+        _, khi1 = _window(tl.minimum(i01 + BM1 - 1, lg1 - 1), lg1, K1, ST1, C1, TRUNCATED)
+        _, khi2 = _window(tl.minimum(i02 + BM2 - 1, lg2 - 1), lg2, K2, ST2, C2, TRUNCATED)
+        kv_base_k = b.to(tl.int64) * skb + hk.to(tl.int64) * skh
+        kv_base_v = b.to(tl.int64) * svb + hk.to(tl.int64) * svh
+        dq = tl.zeros([BM0 * BM1 * BM2, BLOCK_D], tl.float32)
+        for j00 in range(klo0, khi0 + 1, BN0):
+            j0 = j00 + c0
+            for j01 in range(klo1, khi1 + 1, BN1):
+                j1 = j01 + c1
+                for j02 in range(klo2, khi2 + 1, BN2):
+                    j2 = j02 + c2
+                    col_ok = (j0 <= khi0) & (j1 <= khi1) & (j2 <= khi2)
+                    pk0 = (j0 * DL0 + g0).to(tl.int64)
+                    pk1 = (j1 * DL1 + g1).to(tl.int64)
+                    pk2 = (j2 * DL2 + g2).to(tl.int64)
+                    k_cols = kv_base_k + pk0 * sk0 + pk1 * sk1 + pk2 * sk2
+                    v_cols = kv_base_v + pk0 * sv0 + pk1 * sv1 + pk2 * sv2
+                    kt = tl.load(k_ptr + k_cols[None, :] + dq_off[:, None], mask=col_ok[None, :] & d_mask[:, None],
+                                 other=0.0)
+                    vt = tl.load(v_ptr + v_cols[None, :] + dv_off[:, None], mask=col_ok[None, :] & dv_mask[:, None],
+                                 other=0.0)
+                    if DOT_FP32:
+                        kt = kt.to(tl.float32)
+                        vt = vt.to(tl.float32)
+                    s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
+                    ok = (row_ok[:, None] & col_ok[None, :]
+                          & (j0[None, :] >= lo0[:, None]) & (j0[None, :] <= hi0[:, None])
+                          & (j1[None, :] >= lo1[:, None]) & (j1[None, :] <= hi1[:, None])
+                          & (j2[None, :] >= lo2[:, None]) & (j2[None, :] <= hi2[:, None]))
+                    p = tl.where(ok, tl.exp2(s - lse2[:, None]), 0.0)
+                    dp = tl.dot(do, vt, input_precision=PRECISION)
+                    ds = p * (dp - delta[:, None])
+                    dq += tl.dot(ds.to(kt.dtype), tl.trans(kt), input_precision=PRECISION)
+        dq = dq * scale
+        tl.store(dq_ptr + flat[:, None] * D + dq_off[None, :], dq.to(dq_ptr.dtype.element_ty),
+                 mask=row_ok[:, None] & d_mask[None, :])
+
+
+@triton.jit
+def na_bwd_dkdv_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
+    sqb, sqh, sq0, sq1, sq2,
+    skb, skh, sk0, sk1, sk2,
+    svb, svh, sv0, sv1, sv2,
+    sdb, sdh, sd0, sd1, sd2,
+    H, HKV, G, D, DV,
+    L0, L1, L2, K0, K1, K2, DL0, DL1, DL2, ST0, ST1, ST2, C0, C1, C2,
+    NN0, NN1, NN2, num_tiles, qk_scale, scale,
+    TRUNCATED: tl.constexpr,
+    BM0: tl.constexpr, BM1: tl.constexpr, BM2: tl.constexpr,
+    BN0: tl.constexpr, BN1: tl.constexpr, BN2: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """Per key tile (BN box in one dilation group, one kv head): dV_j = sum_i p_ij dO_i and
+    dK_j = scale sum_i dS_ij q_i over every query head of the GQA group and every query tile that can
+    see the tile, in a fixed order (bitwise deterministic)."""
+    pid = tl.program_id(0)
+    T0 = DL0 * NN0
+    T1 = DL1 * NN1
+    T2 = DL2 * NN2
+    S = L0 * L1 * L2
+    dq_off = tl.arange(0, BLOCK_D)
+    dv_off = tl.arange(0, BLOCK_DV)
+    d_mask = dq_off < D
+    dv_mask = dv_off < DV
+    r0, r1, r2 = _box(BM0, BM1, BM2)
+    c0, c1, c2 = _box(BN0, BN1, BN2)
+    bf0, af0 = _reach(K0, ST0, C0, TRUNCATED)
+    bf1, af1 = _reach(K1, ST1, C1, TRUNCATED)
+    bf2, af2 = _reach(K2, ST2, C2, TRUNCATED)
+    for tile in range(pid, num_tiles, tl.num_programs(0)):
+        b, hk, a0, a1, a2 = _split_tile(tile, HKV, T0, T1, T2)
+        g0 = a0 // NN0
+        g1 = a1 // NN1
+        g2 = a2 // NN2
+        lg0 = _group_len(L0, DL0, g0)
+        lg1 = _group_len(L1, DL1, g1)
+        lg2 = _group_len(L2, DL2, g2)
+        j00 = (a0 % NN0) * BN0
+        j01 = (a1 % NN1) * BN1
+        j02 = (a2 % NN2) * BN2
+        j0 = j00 + c0
+        j1 = j01 + c1
+        j2 = j02 + c2
+        col_ok = (j0 < lg0) & (j1 < lg1) & (j2 < lg2)
+        pk0 = j0 * DL0 + g0
+        pk1 = j1 * DL1 + g1
+        pk2 = j2 * DL2 + g2
+        k_cols = b.to(tl.int64) * skb + hk.to(tl.int64) * skh + pk0.to(tl.int64) * sk0 + pk1.to(tl.int64) * sk1 \
+            + pk2.to(tl.int64) * sk2
+        v_cols = b.to(tl.int64) * svb + hk.to(tl.int64) * svh + pk0.to(tl.int64) * sv0 + pk1.to(tl.int64) * sv1 \
+            + pk2.to(tl.int64) * sv2
+        kt = tl.load(k_ptr + k_cols[None, :] + dq_off[:, None], mask=col_ok[None, :] & d_mask[:, None], other=0.0)
+        vt = tl.load(v_ptr + v_cols[None, :] + dv_off[:, None], mask=col_ok[None, :] & dv_mask[:, None], other=0.0)
+        if DOT_FP32:
+            kt = kt.to(tl.float32)
+            vt = vt.to(tl.float32)
+        jl0 = j00
+        jl1 = j01
+        jl2 = j02
+        jh0 = tl.minimum(j00 + BN0 - 1, lg0 - 1)
+        jh1 = tl.minimum(j01 + BN1 - 1, lg1 - 1)
+        jh2 = tl.minimum(j02 + BN2 - 1, lg2 - 1)
+        qs0 = tl.maximum(jl0 - bf0, 0)
+        qs1 = tl.maximum(jl1 - bf1, 0)
+        qs2 = tl.maximum(jl2 - bf2, 0)
+        qe0 = tl.minimum(jh0 + af0, lg0 - 1)
+        qe1 = tl.minimum(jh1 + af1, lg1 - 1)
+        qe2 = tl.minimum(jh2 + af2, lg2 - 1)
+        dk = tl.zeros([BLOCK_D, BN0 * BN1 * BN2], tl.float32)
+        dv = tl.zeros([BN0 * BN1 * BN2, BLOCK_DV], tl.float32)
+        for gh in range(0, G):
+            h = hk * G + gh
+            q_base = b.to(tl.int64) * sqb + h.to(tl.int64) * sqh
+            do_base = b.to(tl.int64) * sdb + h.to(tl.int64) * sdh
+            bh_flat = (b * H + h).to(tl.int64) * S
+            for i00 in range(qs0, qe0 + 1, BM0):
+                lo_t0, _ = _window(i00, lg0, K0, ST0, C0, TRUNCATED)
+                _, hi_t0 = _window(tl.minimum(i00 + BM0 - 1, lg0 - 1), lg0, K0, ST0, C0, TRUNCATED)
+                if (lo_t0 <= jh0) & (hi_t0 >= jl0):
+                    i0 = i00 + r0
+                    for i01 in range(qs1, qe1 + 1, BM1):
+                        lo_t1, _ = _window(i01, lg1, K1, ST1, C1, TRUNCATED)
+                        _, hi_t1 = _window(tl.minimum(i01 + BM1 - 1, lg1 - 1), lg1, K1, ST1, C1, TRUNCATED)
+                        if (lo_t1 <= jh1) & (hi_t1 >= jl1):
+                            i1 = i01 + r1
+                            for i02 in range(qs2, qe2 + 1, BM2):
+                                lo_t2, _ = _window(i02, lg2, K2, ST2, C2, TRUNCATED)
+                                _, hi_t2 = _window(tl.minimum(i02 + BM2 - 1, lg2 - 1), lg2, K2, ST2, C2, TRUNCATED)
+                                if (lo_t2 <= jh2) & (hi_t2 >= jl2):
+                                    i2 = i02 + r2
+                                    row_ok = (i0 <= qe0) & (i1 <= qe1) & (i2 <= qe2)
+                                    p0 = (i0 * DL0 + g0).to(tl.int64)
+                                    p1 = (i1 * DL1 + g1).to(tl.int64)
+                                    p2 = (i2 * DL2 + g2).to(tl.int64)
+                                    q_rows = q_base + p0 * sq0 + p1 * sq1 + p2 * sq2
+                                    do_rows = do_base + p0 * sd0 + p1 * sd1 + p2 * sd2
+                                    q = tl.load(q_ptr + q_rows[:, None] + dq_off[None, :],
+                                                mask=row_ok[:, None] & d_mask[None, :], other=0.0)
+                                    do = tl.load(do_ptr + do_rows[:, None] + dv_off[None, :],
+                                                 mask=row_ok[:, None] & dv_mask[None, :], other=0.0)
+                                    if DOT_FP32:
+                                        q = q.to(tl.float32)
+                                        do = do.to(tl.float32)
+                                    flat = bh_flat + p0 * L1 * L2 + p1 * L2 + p2
+                                    lse2 = tl.load(lse_ptr + flat, mask=row_ok, other=0.0) * 1.4426950408889634
+                                    delta = tl.load(delta_ptr + flat, mask=row_ok, other=0.0)
+                                    lo0, hi0 = _window(i0, lg0, K0, ST0, C0, TRUNCATED)
+                                    lo1, hi1 = _window(i1, lg1, K1, ST1, C1, TRUNCATED)
+                                    lo2, hi2 = _window(i2, lg2, K2, ST2, C2, TRUNCATED)
+                                    ok = (row_ok[:, None] & col_ok[None, :]
+                                          & (j0[None, :] >= lo0[:, None]) & (j0[None, :] <= hi0[:, None])
+                                          & (j1[None, :] >= lo1[:, None]) & (j1[None, :] <= hi1[:, None])
+                                          & (j2[None, :] >= lo2[:, None]) & (j2[None, :] <= hi2[:, None]))
+                                    s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
+                                    p = tl.where(ok, tl.exp2(s - lse2[:, None]), 0.0)
+                                    dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PRECISION)
+                                    dp = tl.dot(do, vt, input_precision=PRECISION)
+                                    ds = p * (dp - delta[:, None])
+                                    dk += tl.dot(tl.trans(q), ds.to(q.dtype), input_precision=PRECISION)
+        flat_k = (b * HKV + hk).to(tl.int64) * S + (pk0 * L1 * L2 + pk1 * L2 + pk2).to(tl.int64)
+        dk = dk * scale
+        tl.store(dk_ptr + flat_k[None, :] * D + dq_off[:, None], dk.to(dk_ptr.dtype.element_ty),
+                 mask=col_ok[None, :] & d_mask[:, None])
+        tl.store(dv_ptr + flat_k[:, None] * DV + dv_off[None, :], dv.to(dv_ptr.dtype.element_ty),
+                 mask=col_ok[:, None] & dv_mask[None, :])

@@ -1,0 +1,68 @@
+"""fusedops.nn.NeighborhoodAttention1d/2d/3d: qkv projection, neighborhood attention, output projection."""
+
+from __future__ import annotations
+
+from typing import Sequence, Union
+
+
+from torch import Tensor, nn
+
+from .op import neighborhood_attention
+
+
+class _NeighborhoodAttentionNd(nn.Module):
+    """Multi-head neighborhood self-attention over [B, *spatial, C] (channels last)."""
+
+    spatial_dims = 0
+
+    def __init__(
+        self, dim: int, num_heads: int, kernel_size: Union[int, Sequence[int]],
+        dilation: Union[int, Sequence[int]] = 1, stride: Union[int, Sequence[int]] = 1,
+        is_causal: Union[bool, Sequence[bool]] = False, window: str = "shifted", qkv_bias: bool = True,
+        proj_bias: bool = True, device=None, dtype=None,
+    ) -> None:
+        super().__init__()
+        if dim <= 0 or num_heads <= 0 or dim % num_heads != 0:
+            raise ValueError(f"dim ({dim}) must be a positive multiple of num_heads ({num_heads})")
+        factory = {"device": device, "dtype": dtype}
+        self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
+        self.kernel_size, self.dilation, self.stride = kernel_size, dilation, stride
+        self.is_causal, self.window = is_causal, window
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias, **factory)
+        self.proj = nn.Linear(dim, dim, bias=proj_bias, **factory)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.dim() != self.spatial_dims + 2 or x.shape[-1] != self.dim:
+            raise ValueError(
+                f"x must be [B, {', '.join(['L'] * self.spatial_dims)}, {self.dim}], got shape {tuple(x.shape)}"
+            )
+        spatial = x.shape[1:-1]
+        qkv = self.qkv(x).unflatten(-1, (3, self.num_heads, self.head_dim))  # [B, *sp, 3, H, d]
+        # heads-first views of the heads-last projection: the kernels read them without a copy
+        perm = (0, self.spatial_dims + 2, *range(1, self.spatial_dims + 1), self.spatial_dims + 3)
+        q, k, v = (qkv.select(-3, i).permute(perm) for i in range(3))
+        out = neighborhood_attention(q, k, v, self.kernel_size, self.dilation, self.stride, self.is_causal,
+                                     window=self.window)
+        out = out.permute(0, *range(2, self.spatial_dims + 2), 1, self.spatial_dims + 2).reshape(
+            x.shape[0], *spatial, self.dim)
+        return self.proj(out)
+
+    def extra_repr(self) -> str:
+        return (f"dim={self.dim}, num_heads={self.num_heads}, kernel_size={self.kernel_size}, "
+                f"dilation={self.dilation}, stride={self.stride}, is_causal={self.is_causal}, window={self.window!r}")
+
+
+class NeighborhoodAttention1d(_NeighborhoodAttentionNd):
+    spatial_dims = 1
+
+
+class NeighborhoodAttention2d(_NeighborhoodAttentionNd):
+    spatial_dims = 2
+
+
+class NeighborhoodAttention3d(_NeighborhoodAttentionNd):
+    spatial_dims = 3
+
+
+__all__ = ["NeighborhoodAttention1d", "NeighborhoodAttention2d", "NeighborhoodAttention3d"]
+

@@ -1,0 +1,323 @@
+"""Registration of fusedops::neighborhood_attention and fusedops::neighborhood_attention_backward."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence, Union
+
+import torch
+from torch import Tensor
+from torch.library import wrap_triton
+
+from fusedops.registry import fused_op
+from fusedops.targets import Target, target_for
+from fusedops.validation import check_float, check_last_dim_contiguous, check_same_device
+
+from . import reference
+from .kernels import LOG2E, na_bwd_delta_kernel, na_bwd_dkdv_kernel, na_bwd_dq_kernel, na_fwd_kernel
+from .plan import grid as plan_grid
+from .plan import make_plan, next_pow2
+
+WINDOWS = ("shifted", "truncated")
+MIN_HEAD_DIM, MAX_HEAD_DIM = 8, 256
+
+IntOrSeq = Union[int, Sequence[int]]
+BoolOrSeq = Union[bool, Sequence[bool]]
+
+
+def _per_axis(name: str, value, ndim: int, kind: type) -> list:
+    """An int/bool, or one per spatial axis (a 1-element sequence broadcasts)."""
+    if isinstance(value, (bool, int)) and not (kind is int and isinstance(value, bool)):
+        values = [value] * ndim
+    elif isinstance(value, (list, tuple)):
+        values = list(value)
+        if len(values) == 1:
+            values = values * ndim
+    else:
+        raise ValueError(f"{name} must be {'a bool' if kind is bool else 'an int'} or one per spatial axis, "
+                         f"got {value!r}")
+    if len(values) != ndim:
+        raise ValueError(f"{name} must have one entry per spatial axis ({ndim}), got {value!r}")
+    for x in values:
+        if kind is bool and not isinstance(x, bool):
+            raise ValueError(f"{name} must hold bools, got {value!r}")
+        if kind is int and (not isinstance(x, int) or isinstance(x, bool)):
+            raise ValueError(f"{name} must hold ints, got {value!r}")
+    return values
+
+
+def check_args(
+    q: Tensor, k: Tensor, v: Tensor, kernel_size, dilation, stride, is_causal, scale: Optional[float], window: str,
+) -> tuple[list[int], list[int], list[int], list[bool], float]:
+    """Validate and normalise; returns per-axis (kernel_size, dilation, stride, is_causal) and the scale."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_float(name, t)
+    if q.dim() < 4 or q.dim() > 6:
+        raise ValueError(f"q must be [B, H, *spatial, D] with 1 to 3 spatial axes (rank 4..6), got shape "
+                         f"{tuple(q.shape)}")
+    for name, t in (("k", k), ("v", v)):
+        if t.dim() != q.dim():
+            raise ValueError(f"{name} must have q's rank {q.dim()}, got shape {tuple(t.shape)}")
+        if t.dtype != q.dtype:
+            raise ValueError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")
+    check_same_device([("q", q), ("k", k), ("v", v)])
+    ndim = q.dim() - 3
+    batch, heads, spatial, head_dim = q.shape[0], q.shape[1], list(q.shape[2:-1]), q.shape[-1]
+    for name, t in (("k", k), ("v", v)):
+        if t.shape[0] != batch:
+            raise ValueError(f"{name} must have q's batch size {batch}, got shape {tuple(t.shape)}")
+        if list(t.shape[2:-1]) != spatial:
+            raise ValueError(f"{name} must have q's spatial shape {tuple(spatial)}, got shape {tuple(t.shape)}")
+    if k.shape[-1] != head_dim:
+        raise ValueError(f"k must have q's head dim {head_dim}, got shape {tuple(k.shape)}")
+    if k.shape[1] != v.shape[1]:
+        raise ValueError(f"v must have k's number of heads {k.shape[1]}, got shape {tuple(v.shape)}")
+    kv_heads = k.shape[1]
+    if kv_heads == 0 or heads % kv_heads != 0:
+        raise ValueError(f"k's number of heads ({kv_heads}) must divide q's ({heads})")
+    for name, dim in (("q", head_dim), ("v", v.shape[-1])):
+        if not MIN_HEAD_DIM <= dim <= MAX_HEAD_DIM:
+            raise ValueError(f"{name}'s head dim must be in [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}], got {dim}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_last_dim_contiguous(name, t)
+    if window not in WINDOWS:
+        raise ValueError(f"window must be one of {WINDOWS}, got {window!r}")
+    ks = _per_axis("kernel_size", kernel_size, ndim, int)
+    dil = _per_axis("dilation", dilation, ndim, int)
+    st = _per_axis("stride", stride, ndim, int)
+    causal = _per_axis("is_causal", is_causal, ndim, bool)
+    for a in range(ndim):
+        if ks[a] < 2:
+            raise ValueError(f"kernel_size must be >= 2 on every axis, got {ks}")
+        if dil[a] < 1:
+            raise ValueError(f"dilation must be >= 1 on every axis, got {dil}")
+        if st[a] < 1:
+            raise ValueError(f"stride must be >= 1 on every axis, got {st}")
+        if ks[a] * dil[a] > spatial[a]:
+            raise ValueError(f"kernel_size * dilation must not exceed the axis length: axis {a} has length "
+                             f"{spatial[a]}, kernel_size {ks[a]} x dilation {dil[a]}")
+        if st[a] > ks[a]:
+            raise ValueError(f"stride must not exceed kernel_size, got stride {st} for kernel_size {ks}")
+        if window == "truncated" and ks[a] % 2 == 0:
+            raise ValueError(f"kernel_size must be odd with window='truncated', got {ks}")
+        if window == "truncated" and st[a] != 1:
+            raise ValueError(f"stride must be 1 with window='truncated', got {st}")
+    if scale is None:
+        scale = head_dim ** -0.5
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"scale must be a positive finite float, got {scale!r}")
+    return ks, dil, st, causal, float(scale)
+
+
+def _pad3(values: Sequence, fill) -> list:
+    return [fill] * (3 - len(values)) + list(values)
+
+
+def _strides(t: Tensor) -> list[int]:
+    """(batch, head, axis0, axis1, axis2) strides, missing leading axes as 0."""
+    s = t.stride()
+    return [s[0], s[1]] + _pad3(list(s[2:-1]), 0)
+
+
+class _Geometry:
+    def __init__(self, q: Tensor, k: Tensor, v: Tensor, ks, dil, st, causal):
+        self.ndim = q.dim() - 3
+        self.spatial = _pad3(list(q.shape[2:-1]), 1)
+        self.kernel = _pad3(ks, 1)
+        self.dilation = _pad3(dil, 1)
+        self.stride = _pad3(st, 1)
+        self.causal = [int(c) for c in _pad3(causal, False)]
+        self.batch, self.heads, self.kv_heads = q.shape[0], q.shape[1], k.shape[1]
+        self.head_dim, self.head_dim_v = q.shape[-1], v.shape[-1]
+
+    def axis_args(self) -> list[int]:
+        return [*self.spatial, *self.kernel, *self.dilation, *self.stride, *self.causal]
+
+    def blocks(self, box: Sequence[int]) -> list[int]:
+        """Tiles per dilation group on each axis."""
+        return [-(-(-(-length // d)) // b) for length, d, b in zip(self.spatial, self.dilation, box)]
+
+    def tiles(self, box: Sequence[int], heads: int) -> int:
+        n = self.batch * heads
+        for nb, d in zip(self.blocks(box), self.dilation):
+            n *= nb * d
+        return n
+
+
+def _forward(q, k, v, ks, dil, st, causal, scale, window, target: Target) -> tuple[Tensor, Tensor]:
+    geo = _Geometry(q, k, v, ks, dil, st, causal)
+    out = q.new_empty(*q.shape[:-1], v.shape[-1])
+    lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+    plan = make_plan(target, geo.spatial, geo.dilation, geo.head_dim, geo.head_dim_v, q.dtype, geo.ndim,
+                     backward=False)
+    tiles = geo.tiles(plan.bm, geo.heads)
+    if tiles == 0:
+        return out, lse
+    wrap_triton(na_fwd_kernel)[(plan_grid(target, tiles),)](
+        q, k, v, out, lse,
+        *_strides(q), *_strides(k), *_strides(v),
+        geo.heads, geo.heads // geo.kv_heads, geo.head_dim, geo.head_dim_v,
+        *geo.axis_args(), *geo.blocks(plan.bm), tiles, scale * LOG2E,
+        TRUNCATED=window == "truncated",
+        BM0=plan.bm[0], BM1=plan.bm[1], BM2=plan.bm[2], BN0=plan.bn[0], BN1=plan.bn[1], BN2=plan.bn[2],
+        BLOCK_D=plan.block_d, BLOCK_DV=plan.block_dv, DOT_FP32=plan.dot_fp32, PRECISION=plan.precision,
+        num_warps=plan.num_warps,
+    )
+    return out, lse
+
+
+def _backward(grad_out, grad_lse, q, k, v, out, lse, ks, dil, st, causal, scale, window, target: Target):
+    geo = _Geometry(q, k, v, ks, dil, st, causal)
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    if q.numel() == 0:
+        return dq, dk.zero_(), dv.zero_()
+    out = out.contiguous()
+    lse = lse.contiguous()
+    tokens = math.prod(geo.spatial)
+    delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
+    block_dv = max(16, next_pow2(geo.head_dim_v))
+    block_s = max(1, min(next_pow2(tokens), 4096 // block_dv if not target.interpreted else 1024,
+                         max(1, target.onchip_bytes // (12 * block_dv))))
+    block_s = 1 << (block_s.bit_length() - 1)
+    nblocks = geo.batch * geo.heads * (-(-tokens // block_s))
+    has_dlse = grad_lse is not None
+    wrap_triton(na_bwd_delta_kernel)[(target.grid_size(nblocks),)](
+        out, grad_out, grad_lse.contiguous() if has_dlse else lse, delta,
+        *_strides(grad_out), geo.heads, geo.head_dim_v, geo.spatial[1], geo.spatial[2], tokens, nblocks,
+        HAS_DLSE=has_dlse, BLOCK_S=block_s, BLOCK_DV=block_dv,
+    )
+    plan = make_plan(target, geo.spatial, geo.dilation, geo.head_dim, geo.head_dim_v, q.dtype, geo.ndim,
+                     backward=True)
+    common = dict(
+        TRUNCATED=window == "truncated",
+        BM0=plan.bm[0], BM1=plan.bm[1], BM2=plan.bm[2], BN0=plan.bn[0], BN1=plan.bn[1], BN2=plan.bn[2],
+        BLOCK_D=plan.block_d, BLOCK_DV=plan.block_dv, DOT_FP32=plan.dot_fp32, PRECISION=plan.precision,
+        num_warps=plan.num_warps,
+    )
+    strides = [*_strides(q), *_strides(k), *_strides(v), *_strides(grad_out)]
+    q_tiles = geo.tiles(plan.bm, geo.heads)
+    wrap_triton(na_bwd_dq_kernel)[(plan_grid(target, q_tiles),)](
+        q, k, v, grad_out, lse, delta, dq, *strides,
+        geo.heads, geo.heads // geo.kv_heads, geo.head_dim, geo.head_dim_v,
+        *geo.axis_args(), *geo.blocks(plan.bm), q_tiles, scale * LOG2E, scale, **common,
+    )
+    k_tiles = geo.tiles(plan.bn, geo.kv_heads)
+    wrap_triton(na_bwd_dkdv_kernel)[(plan_grid(target, k_tiles),)](
+        q, k, v, grad_out, lse, delta, dk, dv, *strides,
+        geo.heads, geo.kv_heads, geo.heads // geo.kv_heads, geo.head_dim, geo.head_dim_v,
+        *geo.axis_args(), *geo.blocks(plan.bn), k_tiles, scale * LOG2E, scale, **common,
+    )
+    return dq, dk, dv
+
+
+@fused_op("neighborhood_attention")
+def neighborhood_attention_op(
+    q: Tensor, k: Tensor, v: Tensor, kernel_size: Sequence[int], dilation: Sequence[int], stride: Sequence[int],
+    is_causal: Sequence[bool], scale: Optional[float], window: str,
+) -> tuple[Tensor, Tensor]:
+    """Neighborhood attention; returns (out, lse). See `fusedops.neighborhood_attention`."""
+    ks, dil, st, causal, scale = check_args(q, k, v, kernel_size, dilation, stride, is_causal, scale, window)
+    target = target_for(q.device)
+    if target is None:
+        return reference.neighborhood_attention(q, k, v, ks, dil, st, causal, scale, window)
+    return _forward(q, k, v, ks, dil, st, causal, scale, window, target)
+
+
+def _check_backward(grad_out, grad_lse, q, v, out, lse):
+    expect = (*q.shape[:-1], v.shape[-1])
+    for name, t, shape in (("grad_out", grad_out, expect), ("out", out, expect), ("lse", lse, tuple(q.shape[:-1]))):
+        if tuple(t.shape) != tuple(shape):
+            raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
+    if grad_lse is not None and tuple(grad_lse.shape) != tuple(q.shape[:-1]):
+        raise ValueError(f"grad_lse must have shape {tuple(q.shape[:-1])}, got {tuple(grad_lse.shape)}")
+    check_last_dim_contiguous("grad_out", grad_out)
+
+
+@fused_op("neighborhood_attention_backward")
+def neighborhood_attention_backward_op(
+    grad_out: Tensor, grad_lse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+    kernel_size: Sequence[int], dilation: Sequence[int], stride: Sequence[int], is_causal: Sequence[bool],
+    scale: Optional[float], window: str,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv) of neighborhood attention given grad_out (and optionally grad_lse).
+    Deterministic: dK/dV are summed per key tile over query tiles and GQA heads in a fixed order."""
+    ks, dil, st, causal, scale = check_args(q, k, v, kernel_size, dilation, stride, is_causal, scale, window)
+    _check_backward(grad_out, grad_lse, q, v, out, lse)
+    target = target_for(q.device)
+    if target is None:
+        return reference.neighborhood_attention_backward(
+            grad_out, grad_lse, q, k, v, out, lse, ks, dil, st, causal, scale, window
+        )
+    return _backward(grad_out, grad_lse, q, k, v, out, lse, ks, dil, st, causal, scale, window, target)
+
+
+@neighborhood_attention_op.register_fake
+def _(q, k, v, kernel_size, dilation, stride, is_causal, scale, window):
+    check_args(q, k, v, kernel_size, dilation, stride, is_causal, scale, window)
+    return q.new_empty(*q.shape[:-1], v.shape[-1]), q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+
+@neighborhood_attention_backward_op.register_fake
+def _(grad_out, grad_lse, q, k, v, out, lse, kernel_size, dilation, stride, is_causal, scale, window):
+    check_args(q, k, v, kernel_size, dilation, stride, is_causal, scale, window)
+    _check_backward(grad_out, grad_lse, q, v, out, lse)
+    return (
+        torch.empty(q.shape, dtype=q.dtype, device=q.device),
+        torch.empty(k.shape, dtype=k.dtype, device=k.device),
+        torch.empty(v.shape, dtype=v.dtype, device=v.device),
+    )
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, kernel_size, dilation, stride, is_causal, scale, window = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.args = (kernel_size, dilation, stride, is_causal, scale, window)
+
+
+def _backward_rule(ctx, grad_out, grad_lse):
+    q, k, v, out, lse = ctx.saved_tensors
+    if grad_out is None:
+        grad_out = torch.zeros_like(out)
+    elif grad_out.stride(-1) != 1:
+        grad_out = grad_out.contiguous()
+    dq, dk, dv = torch.ops.fusedops.neighborhood_attention_backward(grad_out, grad_lse, q, k, v, out, lse, *ctx.args)
+    need_q, need_k, need_v = ctx.needs_input_grad[:3]
+    return (dq if need_q else None, dk if need_k else None, dv if need_v else None, None, None, None, None, None,
+            None)
+
+
+neighborhood_attention_op.register_autograd(_backward_rule, setup_context=_setup_context)
+
+
+def neighborhood_attention(
+    q: Tensor, k: Tensor, v: Tensor, kernel_size: IntOrSeq, dilation: IntOrSeq = 1, stride: IntOrSeq = 1,
+    is_causal: BoolOrSeq = False, scale: Optional[float] = None, window: str = "shifted", return_lse: bool = False,
+):
+    """Sparse neighborhood attention over 1, 2 or 3 spatial axes (flash-style, fwd + bwd).
+
+    Args:
+        q: [B, H, *spatial, D]; k: [B, H_kv, *spatial, D]; v: [B, H_kv, *spatial, Dv], float32/float16/
+            bfloat16, 1 to 3 spatial axes, H_kv dividing H (GQA/MQA), 8 <= D, Dv <= 256. Only the last
+            dim needs stride 1 (a permuted heads-last view is read in place).
+        kernel_size, dilation, stride, is_causal: an int/bool or one per spatial axis. The neighbourhood
+            of a query is the product of its per-axis windows.
+        scale: softmax scale, default D ** -0.5.
+        window: "shifted" (NATTEN: every query sees exactly kernel_size keys per axis, the window
+            slides inward at the borders) or "truncated" (Liger: centred window cut at the borders;
+            odd kernel_size, stride 1).
+        return_lse: also return the float32 log-sum-exp [B, H, *spatial] (differentiable).
+
+    Returns:
+        out [B, H, *spatial, Dv] in q's dtype, or (out, lse) with return_lse.
+
+    Raises ValueError naming the argument on bad input.
+    """
+    ndim = q.dim() - 3 if isinstance(q, Tensor) else 0
+    if ndim < 1 or ndim > 3:
+        check_args(q, k, v, kernel_size, dilation, stride, is_causal, scale, window)  # raises
+    ks, dil, st, causal, _ = check_args(q, k, v, kernel_size, dilation, stride, is_causal, scale, window)
+    out, lse = torch.ops.fusedops.neighborhood_attention(q, k, v, ks, dil, st, causal, scale, window)
+    return (out, lse) if return_lse else out

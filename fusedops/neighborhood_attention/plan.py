@@ -1,0 +1,135 @@
+"""Launch plans for neighborhood attention: tile boxes and grids from a hardware Target and the shape.
+
+A tile is a box of positions (3 axes, the unused leading ones of size 1) inside one dilation group.
+The query box (BM) and the key box (BN) are chosen per number of spatial axes so that a query box's
+neighbourhood is covered by few key boxes, then clamped to the group lengths and shrunk (largest
+axis first) until one program's working set fits the target's on-chip budget: registers on CUDA,
+the 192 KiB Unified Buffer on Ascend. Ascend launches a persistent grid of one program per AI core
+(never more than 65535 programs); CUDA launches one program per tile.
+
+FUSEDOPS_NA_TILES="bm0,bm1,bm2/bn0,bn1,bn2[/warps]" overrides the boxes (for benchmark sweeps).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from fusedops.targets import Target
+
+# Boxes per number of spatial axes (padded to 3 axes, leading axes first).
+CUDA_BOXES = {
+    1: ((1, 1, 64), (1, 1, 64)),
+    2: ((1, 8, 8), (1, 8, 16)),
+    3: ((4, 4, 8), (4, 4, 8)),
+}
+# Ascend and the interpreter: fewer, larger tiles (the budget loop shrinks them to fit the UB).
+LARGE_BOXES = {
+    1: ((1, 1, 64), (1, 1, 64)),
+    2: ((1, 8, 8), (1, 8, 16)),
+    3: ((4, 4, 4), (4, 4, 8)),
+}
+MIN_DOT = 16  # tl.dot on GPUs wants every dim >= 16
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+@dataclass(frozen=True)
+class Plan:
+    bm: tuple[int, int, int]  # query box
+    bn: tuple[int, int, int]  # key box
+    block_d: int
+    block_dv: int
+    num_warps: int
+    dot_fp32: bool  # upcast dot operands in the kernel (the interpreter's bf16 dot is unreliable)
+    precision: str  # tl.dot input_precision: "ieee" keeps fp32 inputs exact
+
+    @property
+    def block_m(self) -> int:
+        return self.bm[0] * self.bm[1] * self.bm[2]
+
+    @property
+    def block_n(self) -> int:
+        return self.bn[0] * self.bn[1] * self.bn[2]
+
+
+def _footprint(bm: int, bn: int, block_d: int, block_dv: int, backward: bool) -> int:
+    """fp32 bytes one program keeps live: q, k, v tiles, the score/probability tiles, accumulators."""
+    if backward:
+        elems = 2 * bm * block_d + 2 * bm * block_dv + 2 * bn * block_d + 2 * bn * block_dv + 3 * bm * bn
+    else:
+        elems = bm * block_d + bn * block_d + bn * block_dv + 2 * bm * bn + bm * block_dv
+    return 4 * elems
+
+
+def _clamp(box: list[int], limits: Sequence[int], floor: int) -> list[int]:
+    """Shrink each axis of the box to the smallest power of two >= its group length, keeping the box's
+    volume >= floor."""
+    box = list(box)
+    for a in range(3):
+        want = min(box[a], next_pow2(max(1, limits[a])))
+        while box[a] > want:
+            vol = box[0] * box[1] * box[2]
+            if vol // 2 < floor:
+                break
+            box[a] //= 2
+    return box
+
+
+def _override() -> tuple[tuple[int, ...], tuple[int, ...], int | None] | None:
+    raw = os.environ.get("FUSEDOPS_NA_TILES", "").strip()
+    if not raw:
+        return None
+    parts = raw.split("/")
+    bm = tuple(int(x) for x in parts[0].split(","))
+    bn = tuple(int(x) for x in parts[1].split(","))
+    warps = int(parts[2]) if len(parts) > 2 else None
+    return bm, bn, warps
+
+
+def make_plan(
+    target: Target, spatial: Sequence[int], dilation: Sequence[int], head_dim: int, head_dim_v: int,
+    dtype: torch.dtype, ndim: int, *, backward: bool,
+) -> Plan:
+    """spatial/dilation padded to 3 axes; ndim the caller's number of spatial axes."""
+    group_len = [-(-length // d) for length, d in zip(spatial, dilation)]
+    block_d = max(MIN_DOT, next_pow2(head_dim))
+    block_dv = max(MIN_DOT, next_pow2(head_dim_v))
+    interpreted = target.interpreted
+    floor = 1 if interpreted else MIN_DOT
+    boxes = CUDA_BOXES if (target.vendor == "cuda" and not interpreted) else LARGE_BOXES
+    bm, bn = (list(b) for b in boxes[ndim])
+    warps = None
+    override = _override()
+    if override is not None and not interpreted:
+        bm, bn, warps = list(override[0]), list(override[1]), override[2]
+    bm = _clamp(bm, group_len, floor)
+    bn = _clamp(bn, group_len, floor)
+    # shrink to the on-chip budget, the larger of the two boxes first, along its longest axis
+    while _footprint(bm[0] * bm[1] * bm[2], bn[0] * bn[1] * bn[2], block_d, block_dv, backward) > target.onchip_bytes:
+        vm, vn = bm[0] * bm[1] * bm[2], bn[0] * bn[1] * bn[2]
+        box = bm if vm >= vn else bn
+        if box[0] * box[1] * box[2] // 2 < floor:
+            other = bn if box is bm else bm
+            if other[0] * other[1] * other[2] // 2 < floor:
+                break  # smallest legal tiles: run anyway (spills on CUDA)
+            box = other
+        axis = max(range(3), key=lambda a: box[a])
+        box[axis] //= 2
+    if warps is None:
+        warps = 4 if bm[0] * bm[1] * bm[2] * bn[0] * bn[1] * bn[2] <= 64 * 64 else 8
+    return Plan(
+        bm=tuple(bm), bn=tuple(bn), block_d=block_d, block_dv=block_dv, num_warps=warps,
+        dot_fp32=interpreted or dtype == torch.float32,
+        precision="ieee" if (interpreted or dtype == torch.float32) else "tf32",
+    )
+
+
+def grid(target: Target, tiles: int) -> int:
+    """Programs to launch for `tiles` tiles (a persistent grid on Ascend)."""
+    return target.grid_size(tiles, matrix=True)
