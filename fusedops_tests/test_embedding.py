@@ -1,0 +1,443 @@
+"""embedding against torch.nn.functional.embedding in float64, on the PyTorch reference path and on
+both launch plans under the Triton interpreter (CPU CI), and on real kernels when a GPU is present."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import fusedops
+from fusedops.embedding import op as emb_op
+from fusedops.embedding.kernels import embedding_bwd_kernel, embedding_fwd_kernel
+from fusedops.embedding.plan import make_plan
+from fusedops.targets import ascend_target, cuda_target
+
+from .helpers import _env
+from .helpers import DTYPES, KERNEL_PATHS, PATHS, RTOL, assert_close, execution_path, gpu, opaque_triton_ops
+
+TILED_BUDGET = 1024  # bytes: forces multi-tile grids and feature blocks of 8-32 elements on both plans
+FEW_CORES = "3"  # Ascend vector cores in tests: the persistent grid-stride loop then runs several tiles
+INDEX_DTYPES = [torch.int32, torch.int64]
+
+
+def make_weight(V, D, dtype, layout, gen, device="cpu"):
+    """[V, D] weight: contiguous, a column slice of a wider matrix (row stride > D), or transposed
+    storage (column stride V)."""
+    if layout == "slice":
+        full = torch.randn(V, D + 5, generator=gen).to(device=device, dtype=dtype)
+        w = full[:, 2 : 2 + D]
+    elif layout == "transposed":
+        w = torch.randn(D, V, generator=gen).to(device=device, dtype=dtype).t()
+    else:
+        w = torch.randn(V, D, generator=gen).to(device=device, dtype=dtype)
+    assert w.shape == (V, D)
+    return w
+
+
+def torch_reference(weight, indices, grad_out, padding_idx, scale):
+    """F.embedding forward and weight gradient in float64."""
+    w = weight.detach().double().requires_grad_()
+    out = F.embedding(indices.long(), w, padding_idx=padding_idx, scale_grad_by_freq=scale)
+    out.backward(grad_out.double())
+    return out.detach(), w.grad
+
+
+def run_fused(weight, indices, grad_out, padding_idx, scale, **kw):
+    w = weight.detach().clone().requires_grad_()  # clone keeps the strides of a dense layout
+    if not w.is_leaf or w.stride() != weight.stride():
+        w = weight.detach().requires_grad_()
+    out = fusedops.embedding(indices, w, padding_idx, scale, **kw)
+    out.backward(grad_out)
+    return out.detach(), w.grad
+
+
+@st.composite
+def problems(draw):
+    V = draw(st.integers(1, 24))
+    D = draw(st.integers(1, 40))
+    shape = draw(st.lists(st.integers(0, 6), min_size=0, max_size=3))
+    pool = draw(st.sampled_from(["all", "few", "one"]))  # heavy repetition: draw from 1-2 rows only
+    padding = draw(st.one_of(st.none(), st.integers(-V, V - 1)))
+    return dict(
+        V=V, D=D, shape=tuple(shape), pool=pool, padding=padding,
+        scale=draw(st.booleans()),
+        dtype=draw(st.sampled_from(DTYPES)),
+        index_dtype=draw(st.sampled_from(INDEX_DTYPES)),
+        layout=draw(st.sampled_from(["contiguous", "slice", "transposed"])),
+        tiled=draw(st.booleans()),
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )
+
+
+def build(p, device="cpu"):
+    gen = torch.Generator().manual_seed(p["seed"])
+    V = p["V"]
+    weight = make_weight(V, p["D"], p["dtype"], p["layout"], gen, device)
+    high = {"all": V, "few": min(V, 2), "one": 1}[p["pool"]]
+    indices = torch.randint(0, high, p["shape"], generator=gen)
+    if p["pool"] == "one":
+        indices = indices + (V - 1)  # heavy repetition of the last row (padding_idx=-1 hits it)
+    indices = indices.to(device=device, dtype=p["index_dtype"])
+    grad_out = torch.randn((*p["shape"], p["D"]), generator=gen).to(device=device, dtype=p["dtype"])
+    return weight, indices, grad_out
+
+
+@pytest.mark.parametrize("path", PATHS)
+@given(p=problems())
+def test_matches_torch(path, p):
+    weight, indices, grad_out = build(p)
+    ref_out, ref_grad = torch_reference(weight, indices, grad_out, p["padding"], p["scale"])
+    with execution_path(path, TILED_BUDGET if p["tiled"] else None), _env(FUSEDOPS_ASCEND_VECTOR_CORES=FEW_CORES):
+        out, grad = run_fused(weight, indices, grad_out, p["padding"], p["scale"])
+    assert out.dtype == weight.dtype and grad.dtype == weight.dtype
+    # The forward is a copy: bit-exact.
+    assert torch.equal(out, ref_out.to(weight.dtype)), "forward is not an exact gather"
+    assert_close("grad_weight", grad, ref_grad, p["dtype"])
+    if p["padding"] is not None:
+        assert not grad[p["padding"]].any(), "padding row got a gradient"
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+@pytest.mark.parametrize("scale", [False, True])
+def test_backward_bitwise_deterministic(path, scale, monkeypatch):
+    monkeypatch.setenv("FUSEDOPS_ASCEND_VECTOR_CORES", FEW_CORES)
+    gen = torch.Generator().manual_seed(0)
+    V, D = 17, 24
+    # Zipf-like: row 0 is named by half the tokens, plus an empty-row stretch and singletons.
+    indices = torch.cat([torch.zeros(40, dtype=torch.long), torch.randint(0, V, (40,), generator=gen)])
+    indices = indices[torch.randperm(80, generator=gen)].reshape(8, 10)
+    grad_out = torch.randn(8, 10, D, generator=gen) * 100
+    with execution_path(path, TILED_BUDGET):
+        first = torch.ops.fusedops.embedding_backward(grad_out, indices, V, None, scale)
+        for _ in range(2):
+            assert torch.equal(torch.ops.fusedops.embedding_backward(grad_out, indices, V, None, scale), first)
+    ref = torch_reference(torch.zeros(V, D), indices, grad_out, None, scale)[1]
+    assert_close("grad_weight", first, ref, torch.float32)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
+def test_empty_indices(path, index_dtype):
+    weight = torch.randn(5, 6, requires_grad=True)
+    for shape in [(0,), (3, 0), (0, 2, 4)]:
+        indices = torch.zeros(shape, dtype=index_dtype)
+        with execution_path(path):
+            out = fusedops.embedding(indices, weight, padding_idx=1)
+            assert out.shape == (*shape, 6)
+            (grad,) = torch.autograd.grad(out.sum(), weight)
+        assert torch.equal(grad, torch.zeros(5, 6))
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_expanded_grad_and_noncontiguous_indices(path):
+    """out.sum() hands the backward a stride-0 grad_out; a transposed index tensor is not contiguous."""
+    weight = torch.randn(9, 33)
+    indices = torch.randint(0, 9, (7, 5)).t()
+    with execution_path(path):
+        out, grad = run_fused(weight, indices, torch.ones(5, 7, 33).expand(5, 7, 33), 3, True)
+        w = weight.clone().requires_grad_()
+        fusedops.embedding(indices, w, 3, True).sum().backward()
+    ref_out, ref_grad = torch_reference(weight, indices, torch.ones(5, 7, 33), 3, True)
+    assert torch.equal(out, ref_out.float())
+    assert_close("grad_weight", w.grad, ref_grad, torch.float32)
+
+
+# ----- out-of-range indices -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("check_bounds", [True, False])
+@pytest.mark.parametrize("bad", [-1, 7, 1000])
+def test_out_of_range_raises_on_cpu(path, check_bounds, bad):
+    weight = torch.randn(7, 4)
+    indices = torch.tensor([[0, 3], [bad, 6]])
+    with execution_path(path), pytest.raises(IndexError, match=str(bad)):
+        fusedops.embedding(indices, weight, check_bounds=check_bounds)
+    with execution_path(path), pytest.raises(IndexError, match=str(bad)):
+        torch.ops.fusedops.embedding(weight, indices, None, False)
+
+
+def _guarded(shape, dtype):
+    """A tensor of `shape` in the middle of a NaN-filled buffer, and a check that the guards hold."""
+    numel = 1
+    for s in shape:
+        numel *= s
+    guard = 64
+    buf = torch.full((numel + 2 * guard,), float("nan"), dtype=dtype)
+    view = buf[guard : guard + numel].view(shape)
+
+    def guards_intact():
+        return bool(torch.isnan(buf[:guard]).all() and torch.isnan(buf[guard + numel :]).all())
+
+    return view, guards_intact
+
+
+@pytest.mark.parametrize("plan", ["cuda", "ascend"], ids=["cuda-plan", "ascend-plan"])
+@pytest.mark.parametrize("tiled", [False, True])
+def test_kernels_mask_out_of_range_indices(plan, tiled, request, monkeypatch):
+    """With the bounds check off the kernels themselves must be safe: out-of-range rows read as zeros,
+    contribute no gradient, and nothing is written outside the output tensors."""
+    monkeypatch.setenv("FUSEDOPS_ASCEND_VECTOR_CORES", FEW_CORES)
+    if plan == "ascend":
+        request.applymarker(pytest.mark.ascend)
+    with execution_path(plan, TILED_BUDGET if tiled else None):
+        target = cuda_target(interpreted=True) if plan == "cuda" else ascend_target(interpreted=True)
+        V, D = 6, 20
+        weight = torch.randn(V, D)
+        indices = torch.tensor([0, -1, 5, 6, 2, -7, 2**40, 5, 3], dtype=torch.int64)
+        ok = (indices >= 0) & (indices < V)
+        # Forward into a guarded output.
+        out, intact = _guarded((indices.numel(), D), torch.float32)
+        p = make_plan(target, indices.numel(), D, 4, backward=False)
+        if plan == "ascend" and tiled:
+            assert p.grid < p.tiles(indices.numel(), D)  # the grid-stride loop visits several tiles
+        embedding_fwd_kernel[(p.grid,)](
+            indices, weight, out, indices.numel(), V, D, weight.stride(0), weight.stride(1),
+            BLOCK_T=p.block_rows, BLOCK_D=p.block_d,
+        )
+        assert intact(), "forward wrote outside its output"
+        expected = torch.where(ok[:, None], weight[torch.where(ok, indices, 0)], 0.0)
+        assert torch.equal(out, expected)
+        # The internal launch path the op uses on a GPU (which skips the CPU-only check).
+        assert torch.equal(emb_op._forward(weight, indices, target), expected)
+        # Backward into a guarded grad_weight.
+        grad_out = torch.randn(indices.numel(), D)
+        perm, offsets = emb_op._run_offsets(indices, V)
+        gw, intact = _guarded((V, D), torch.float32)
+        p = make_plan(target, V, D, 4, backward=True)
+        embedding_bwd_kernel[(p.grid,)](
+            grad_out, perm, offsets, gw, V, D, grad_out.stride(0), grad_out.stride(1), -1,
+            SCALE=True, BLOCK_R=p.block_rows, BLOCK_D=p.block_d,
+        )
+        assert intact(), "backward wrote outside grad_weight"
+        ref = torch_reference(weight, indices[ok], grad_out[ok], None, True)[1]
+        assert_close("grad_weight", gw, ref, torch.float32)
+        assert_close("grad_weight", emb_op._backward(grad_out, indices, V, -1, True, target), ref, torch.float32)
+
+
+# ----- bad input: one test each ---------------------------------------------------------------------
+
+
+def _w():
+    return torch.randn(5, 4)
+
+
+def _i():
+    return torch.tensor([1, 2])
+
+
+@pytest.mark.parametrize(
+    "call, exc, word",
+    [
+        (lambda: fusedops.embedding(_i(), _w().long()), ValueError, "weight"),
+        (lambda: fusedops.embedding(_i(), _w().double()), ValueError, "weight"),
+        (lambda: fusedops.embedding(_i(), torch.randn(5)), ValueError, "weight"),
+        (lambda: fusedops.embedding(_i(), torch.randn(2, 5, 4)), ValueError, "weight"),
+        (lambda: fusedops.embedding(_i().float(), _w()), ValueError, "indices"),
+        (lambda: fusedops.embedding(_i().to(torch.int16), _w()), ValueError, "indices"),
+        (lambda: fusedops.embedding([1, 2], _w()), ValueError, "indices"),
+        (lambda: fusedops.embedding(_i().to("meta"), _w()), ValueError, "indices"),
+        (lambda: fusedops.embedding(_i(), _w(), padding_idx=5), ValueError, "padding_idx"),
+        (lambda: fusedops.embedding(_i(), _w(), padding_idx=-6), ValueError, "padding_idx"),
+        (lambda: fusedops.embedding(_i(), _w(), padding_idx=1.0), ValueError, "padding_idx"),
+        (lambda: fusedops.embedding(_i(), _w(), max_norm=1.0), ValueError, "max_norm"),
+        (lambda: fusedops.embedding(_i(), _w(), sparse=True), ValueError, "sparse"),
+        (lambda: fusedops.embedding(torch.tensor([5]), _w()), IndexError, "5"),
+        (lambda: fusedops.embedding(torch.tensor([-6]), _w()), IndexError, "-6"),
+        (lambda: fusedops.nn.Embedding(5, 4, max_norm=1.0), ValueError, "max_norm"),
+        (lambda: fusedops.nn.Embedding(5, 4, sparse=True), ValueError, "sparse"),
+        (lambda: fusedops.nn.Embedding(5, 4, padding_idx=5), ValueError, "padding_idx"),
+        (lambda: fusedops.nn.Embedding.from_pretrained(_w(), max_norm=2.0), ValueError, "max_norm"),
+        (lambda: fusedops.nn.Embedding.from_pretrained(torch.randn(5)), ValueError, "embeddings"),
+        (lambda: torch.ops.fusedops.embedding_backward(torch.randn(3, 4), _i(), 5, None, False), ValueError, "grad_out"),
+        (lambda: torch.ops.fusedops.embedding_backward(torch.randn(2, 4).long(), _i(), 5, None, False), ValueError, "grad_out"),
+        (lambda: torch.ops.fusedops.embedding_backward(torch.randn(2, 4), _i(), 5, 7, False), ValueError, "padding_idx"),
+        (lambda: torch.ops.fusedops.embedding_backward(torch.randn(2, 4), _i(), -1, None, False), ValueError, "num_weights"),
+    ],
+    ids=lambda x: x if isinstance(x, str) else None,
+)
+def test_bad_input(call, exc, word):
+    with pytest.raises(exc, match=word):
+        call()
+
+
+# ----- torch integration ----------------------------------------------------------------------------
+
+
+def opcheck_samples():
+    gen = torch.Generator().manual_seed(1)
+    weight = torch.randn(11, 20, generator=gen)
+    yield weight, torch.randint(0, 11, (3, 4), generator=gen), None, False
+    yield weight.half(), torch.randint(0, 11, (6,), generator=gen, dtype=torch.int32), -2, True
+    yield torch.randn(20, 11, generator=gen).t(), torch.randint(0, 11, (2, 3), generator=gen), 4, False
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_opcheck(path):
+    with execution_path(path), opaque_triton_ops():
+        for weight, indices, pad, scale in opcheck_samples():
+            w = weight.detach().requires_grad_()
+            torch.library.opcheck(torch.ops.fusedops.embedding.default, (w, indices, pad, scale))
+            grad_out = torch.randn(*indices.shape, weight.shape[1], dtype=weight.dtype)
+            torch.library.opcheck(
+                torch.ops.fusedops.embedding_backward.default, (grad_out, indices, weight.shape[0], pad, scale)
+            )
+
+
+class Tower(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = fusedops.nn.Embedding(13, 24, padding_idx=0, scale_grad_by_freq=True)
+        self.proj = torch.nn.Linear(24, 3)
+
+    def forward(self, x):
+        return self.proj(self.emb(x)).sum(-1)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_compile_fullgraph_matches_eager(path):
+    torch.manual_seed(0)
+    model = Tower()
+    x = torch.randint(0, 13, (4, 6))
+    with execution_path(path), opaque_triton_ops():
+        eager = model(x)
+        (g_eager,) = torch.autograd.grad(eager.square().sum(), model.emb.weight)
+        torch._dynamo.reset()
+        compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+        out = compiled(x)
+        (g_comp,) = torch.autograd.grad(out.square().sum(), model.emb.weight)
+    assert torch.equal(out, eager)
+    assert torch.equal(g_comp, g_eager)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_export_round_trip(path):
+    torch.manual_seed(0)
+    model = Tower().eval()
+    x = torch.randint(0, 13, (3, 5))
+    with execution_path(path), opaque_triton_ops():
+        program = torch.export.export(model, (x,))
+        buffer = io.BytesIO()
+        torch.export.save(program, buffer)
+        buffer.seek(0)
+        reloaded = torch.export.load(buffer)
+        assert any("fusedops.embedding" in str(n.target) for n in reloaded.graph.nodes)
+        assert torch.equal(reloaded.module()(x), model(x))
+
+
+# ----- the module -----------------------------------------------------------------------------------
+
+
+def test_module_is_drop_in_and_state_dict_round_trip():
+    torch.manual_seed(0)
+    ref = torch.nn.Embedding(10, 8, padding_idx=-2, scale_grad_by_freq=True)
+    ours = fusedops.nn.Embedding(10, 8, padding_idx=-2, scale_grad_by_freq=True)
+    assert isinstance(ours, torch.nn.Embedding)
+    assert ours.padding_idx == ref.padding_idx == 8 and not ours.weight[8].any()
+    assert ours.state_dict().keys() == ref.state_dict().keys()
+    ours.load_state_dict(ref.state_dict())
+    x = torch.randint(0, 10, (3, 7))
+    assert torch.equal(ours(x), ref(x))
+    ours.weight.data.mul_(2)
+    back = torch.nn.Embedding(10, 8)
+    back.load_state_dict(ours.state_dict())
+    assert torch.equal(back.weight, ours.weight)
+    ours(x).sum().backward()
+    ref.weight.data.mul_(2)
+    ref(x).sum().backward()
+    assert_close("grad", ours.weight.grad, ref.weight.grad, torch.float32)
+    assert "check_bounds=False" in repr(fusedops.nn.Embedding(3, 2, check_bounds=False))
+
+
+def test_from_pretrained():
+    pretrained = torch.randn(6, 5)
+    ours = fusedops.nn.Embedding.from_pretrained(pretrained, padding_idx=1)
+    ref = torch.nn.Embedding.from_pretrained(pretrained, padding_idx=1)
+    assert isinstance(ours, fusedops.nn.Embedding)
+    assert not ours.weight.requires_grad and ours.padding_idx == 1
+    x = torch.tensor([[1, 5, 0]])
+    assert torch.equal(ours(x), ref(x))
+    trainable = fusedops.nn.Embedding.from_pretrained(pretrained, freeze=False)
+    assert trainable.weight.requires_grad
+
+
+def test_module_dtype_and_device_args():
+    m = fusedops.nn.Embedding(4, 3, dtype=torch.bfloat16, device="cpu")
+    assert m.weight.dtype == torch.bfloat16
+    assert m(torch.tensor([1, 3], dtype=torch.int32)).dtype == torch.bfloat16
+
+
+# ----- plans ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "V, D, elem", [(32768, 768, 2), (50257, 1600, 2), (151936, 4096, 2), (10**6, 7, 4), (3, 100000, 4)]
+)
+def test_plans_fit_targets(V, D, elem):
+    for target in (ascend_target(interpreted=True), cuda_target(interpreted=True)):
+        for backward in (False, True):
+            p = make_plan(target, V, D, elem, backward=backward)
+            per = (16 + elem) if backward else (8 + 2 * elem)
+            assert p.block_rows * p.block_d * per <= target.onchip_bytes
+            assert p.block_d * elem >= target.row_align or p.block_d >= D
+            assert 1 <= p.grid <= target.max_grid
+    ascend = ascend_target(interpreted=True)
+    p = make_plan(ascend, 151936, 4096, 2, backward=True)
+    assert p.grid == ascend.vector_cores  # persistent: one program per vector core, grid-stride loop
+
+
+# ----- real kernels on a GPU ------------------------------------------------------------------------
+
+
+@gpu
+class TestGPU:
+    SIZES = [(32768, 768, 16384), (50257, 1600, 4096), (151936, 4096, 2048)]
+
+    @pytest.mark.parametrize("V, D, tokens", SIZES)
+    @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+    def test_matches_torch(self, V, D, tokens, dtype):
+        gen = torch.Generator().manual_seed(V)
+        weight = torch.randn(V, D, generator=gen).to("cuda", dtype)
+        indices = torch.randint(0, V, (tokens // 8, 8), generator=gen).cuda()
+        indices[:, 0] = 7  # one heavily repeated row
+        grad_out = torch.randn(tokens // 8, 8, D, generator=gen).to("cuda", dtype)
+        for pad, scale in [(None, False), (7, True), (-1, False)]:
+            out, grad = run_fused(weight, indices, grad_out, pad, scale)
+            assert torch.equal(out, F.embedding(indices, weight))
+            ref_grad = torch_reference(weight, indices, grad_out, pad, scale)[1]
+            assert_close("grad_weight", grad, ref_grad, dtype)
+            again = torch.ops.fusedops.embedding_backward(grad_out, indices, V, pad, scale)
+            assert torch.equal(again, grad), "backward not bitwise reproducible"
+
+    def test_int32_strided_and_empty(self):
+        weight = torch.randn(1000, 300, device="cuda")[:, 10:266]
+        idx = torch.randint(0, 1000, (513,), device="cuda", dtype=torch.int32)
+        out, grad = run_fused(weight, idx, torch.randn(513, 256, device="cuda"), None, False)
+        assert torch.equal(out, weight[idx.long()])
+        empty = fusedops.embedding(idx[:0], weight)
+        assert empty.shape == (0, 256)
+
+    def test_out_of_range(self):
+        weight = torch.randn(100, 64, device="cuda")
+        idx = torch.tensor([3, 100, -1, 2**40, 99], device="cuda")
+        with pytest.raises(IndexError, match="100"):
+            fusedops.embedding(idx, weight)
+        w = weight.clone().requires_grad_()
+        out = fusedops.embedding(idx, w, check_bounds=False)
+        out.backward(torch.ones_like(out))
+        torch.cuda.synchronize()
+        ok = torch.tensor([True, False, False, False, True], device="cuda")
+        assert torch.equal(out[ok], weight[idx[ok]]) and not out[~ok].any()
+        assert w.grad.sum().item() == 2 * 64
+
+    def test_compile_inductor(self):
+        model = Tower().cuda()
+        x = torch.randint(0, 13, (64, 32), device="cuda")
+        eager = model(x)
+        compiled = torch.compile(model, fullgraph=True)
+        assert torch.allclose(compiled(x), eager)
