@@ -8,9 +8,13 @@ Environment overrides (read at every launch, so tests can force small budgets):
   FUSEDOPS_INTERPRET            cuda | ascend: run the Triton kernels on CPU tensors in the Triton
                                 interpreter (needs TRITON_INTERPRET=1) under that vendor's plan.
   FUSEDOPS_CUDA_ONCHIP_BYTES    per-program on-chip budget of the CUDA plan.
-  FUSEDOPS_ASCEND_UB_BYTES      Unified Buffer bytes of one Ascend vector core (default 192 KiB).
-  FUSEDOPS_ASCEND_VECTOR_CORES  vector cores, when no Ascend driver reports them (default 48).
+  FUSEDOPS_ASCEND_UB_BYTES      Unified Buffer bytes of one Ascend core. Wins over CANN's SoC query
+                                (tbe.common.platform.get_soc_spec("UB_SIZE")); default 192 KiB.
+  FUSEDOPS_ASCEND_VECTOR_CORES  vector cores, when no triton-ascend driver reports them (default 48).
   FUSEDOPS_ASCEND_AI_CORES      AI (cube) cores, likewise (default 24).
+On a real NPU the driver's `get_device_properties` (num_vectorcore, num_aicore) wins over the two
+core overrides; under the interpreter neither the driver nor CANN is asked, so plans are reproducible.
+Each value must be a positive integer; anything else raises ValueError naming the variable.
 """
 
 from __future__ import annotations
@@ -69,6 +73,24 @@ class Target:
         limit = cores * self.resident if persistent else self.max_grid
         return max(1, min(blocks, limit, self.max_grid))
 
+    def check_grid(self, grid: tuple[int, ...]) -> tuple[int, ...]:
+        """`grid` itself, after checking that the product of its dims is within max_grid (Ascend counts
+        every program of a multi-dim grid against its 65535 cap)."""
+        total = 1
+        for dim in grid:
+            if dim < 1:
+                raise ValueError(f"grid dims must be >= 1, got {tuple(grid)}")
+            total *= dim
+        if total > self.max_grid:
+            raise ValueError(f"a grid of {tuple(grid)} = {total} programs exceeds {self.vendor}'s cap of {self.max_grid}")
+        return tuple(grid)
+
+    def align_elems(self, elems: int, elem_size: int) -> int:
+        """`elems` rounded up so that a row of them spans a multiple of row_align bytes (the row pitch
+        of a scratch buffer that Ascend vector loads read)."""
+        step = max(1, self.row_align // elem_size) if self.row_align % elem_size == 0 else self.row_align
+        return -(-elems // step) * step
+
 
 def _env_int(name: str, default: int) -> int:
     raw = os.environ.get(name)
@@ -108,43 +130,78 @@ def cuda_target(device: torch.device | None = None, *, interpreted: bool = False
     )
 
 
-def _ascend_driver_cores() -> tuple[int, int] | None:
-    """(vector cores, AI cores) from triton-ascend's active driver, when an NPU is there."""
+@functools.lru_cache(maxsize=None)
+def _ascend_driver_cores(index: int | None) -> tuple[int, int] | None:
+    """(vector cores, AI cores) from triton-ascend's active driver, when an NPU is there; else None.
+    Asked once per device index (the answer, or its absence, is cached)."""
     try:
         from triton.runtime import driver
 
         active = driver.active
-        props = active.utils.get_device_properties(active.get_current_device())
-        return int(props["num_vectorcore"]), int(props["num_aicore"])
+        props = active.utils.get_device_properties(active.get_current_device() if index is None else index)
+        vector, ai = int(props["num_vectorcore"]), int(props["num_aicore"])
     except Exception:  # no triton-ascend, no NPU, or a driver without these properties
         return None
+    return (vector, ai) if vector > 0 and ai > 0 else None
 
 
+@functools.lru_cache(maxsize=None)
 def _ascend_soc_ub_bytes() -> int | None:
-    """Unified Buffer size from CANN's platform query, when CANN is installed."""
+    """Unified Buffer bytes from CANN's platform query (`tbe.common.platform.get_soc_spec`), when CANN
+    is installed; None otherwise. CANN answers for the SoC it was told to compile for, so when it has
+    none set, the SoC name comes from pyACL (`acl.get_soc_name`)."""
     try:
-        from tbe.common.platform import get_soc_spec  # CANN's Python package
+        from tbe.common import platform  # CANN's Python package
+    except Exception:
+        return None
+    try:
+        ub = int(platform.get_soc_spec("UB_SIZE"))
+        if ub > 0:
+            return ub
+    except Exception:
+        pass
+    try:
+        import acl  # pyACL, shipped with CANN
 
-        return int(get_soc_spec("UB_SIZE"))
+        platform.set_current_compile_soc_info(acl.get_soc_name())
+        ub = int(platform.get_soc_spec("UB_SIZE"))
+        return ub if ub > 0 else None
     except Exception:
         return None
 
 
-def ascend_target(*, interpreted: bool = False) -> Target:
-    ub = os.environ.get("FUSEDOPS_ASCEND_UB_BYTES")
-    ub_bytes = _env_int("FUSEDOPS_ASCEND_UB_BYTES", ASCEND_UB_BYTES) if ub else (
-        (None if interpreted else _ascend_soc_ub_bytes()) or ASCEND_UB_BYTES
-    )
-    cores = None if interpreted else _ascend_driver_cores()
-    vector, ai = cores if cores else (
+def ascend_ub_bytes(*, interpreted: bool = False) -> int:
+    """FUSEDOPS_ASCEND_UB_BYTES if set; else CANN's SoC query (not under the interpreter, whose plan
+    must not depend on what the machine has installed); else 192 KiB."""
+    if os.environ.get("FUSEDOPS_ASCEND_UB_BYTES", "") != "":
+        return _env_int("FUSEDOPS_ASCEND_UB_BYTES", ASCEND_UB_BYTES)
+    soc = None if interpreted else _ascend_soc_ub_bytes()
+    return soc or ASCEND_UB_BYTES
+
+
+def ascend_core_counts(device: torch.device | None = None, *, interpreted: bool = False) -> tuple[int, int]:
+    """(vector cores, AI cores): triton-ascend's driver when there is one (not under the interpreter);
+    else FUSEDOPS_ASCEND_VECTOR_CORES / FUSEDOPS_ASCEND_AI_CORES; else 48 and 24 (Atlas A2, 910B)."""
+    cores = None
+    if not interpreted:
+        cores = _ascend_driver_cores(device.index if device is not None else None)
+    if cores is not None:
+        return cores
+    return (
         _env_int("FUSEDOPS_ASCEND_VECTOR_CORES", ASCEND_DEFAULT_VECTOR_CORES),
         _env_int("FUSEDOPS_ASCEND_AI_CORES", ASCEND_DEFAULT_AI_CORES),
     )
+
+
+def ascend_target(device: torch.device | None = None, *, interpreted: bool = False) -> Target:
+    """The Ascend plan's target: UB budget, core counts, the 65535-program grid cap, 32-byte rows.
+    Persistent: one program per core (vector cores, or AI cores for kernels with tl.dot)."""
+    vector, ai = ascend_core_counts(device, interpreted=interpreted)
     return Target(
         vendor="ascend",
         vector_cores=vector,
         matrix_cores=ai,
-        onchip_bytes=ub_bytes,
+        onchip_bytes=ascend_ub_bytes(interpreted=interpreted),
         max_grid=ASCEND_MAX_GRID,
         row_align=ASCEND_ROW_ALIGN,
         resident=1,
@@ -173,7 +230,7 @@ def target_for(device: torch.device) -> Target | None:
     if device.type == "cuda":
         return cuda_target(device)
     if device.type == "npu":
-        return ascend_target()
+        return ascend_target(device)
     if device.type == "cpu":
         mode = interpret_mode()
         if mode == "cuda":
