@@ -1,0 +1,137 @@
+"""embedding benchmark: fusedops vs F.embedding (eager and torch.compile) and Liger 0.8.5's
+LigerEmbeddingFunction when importable. Cases (V, D, tokens) from issue #4, uniform random indices.
+
+Bytes counted (the issue's floor): fwd 2*tokens*D (gather read + write), bwd V*D + tokens*D (grad_weight
+written once + grad_out read), fwd+bwd V*D + 2*tokens*D; all times the element size.
+
+Providers: "fusedops" is the default call (check_bounds=True: one aminmax + host sync per forward);
+"fusedops-nocheck" passes check_bounds=False (the kernels alone)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from bench.common import Context, error_row, fwd_bwd_fns, measure, optional_import
+
+OP = "embedding"
+CASES = [(32768, 768, 16384), (50257, 1600, 8192), (131072, 4096, 16384), (151936, 4096, 16384)]
+CPU_CASES = [(4096, 256, 2048), (32768, 128, 1024)]
+QUICK = {"cpu": [(1024, 64, 256)], "gpu": [(151936, 4096, 16384)]}
+
+
+def nbytes(v: int, d: int, tokens: int, esize: int) -> dict:
+    return {
+        "fwd": 2 * tokens * d * esize,
+        "bwd": (v * d + tokens * d) * esize,
+        "fwd+bwd": (v * d + 2 * tokens * d) * esize,
+    }
+
+
+def providers():
+    import fusedops
+
+    yield "fusedops", lambda w, i: fusedops.embedding(i, w)
+    yield "fusedops-nocheck", lambda w, i: fusedops.embedding(i, w, check_bounds=False)
+    yield "torch", lambda w, i: F.embedding(i, w)
+    compiled = torch.compile(lambda w, i: F.embedding(i, w), dynamic=False)
+    yield "torch.compile", compiled
+
+    def liger(w, i):
+        mod = optional_import("liger_kernel.ops.experimental.embedding")
+        return mod.LigerEmbeddingFunction.apply(w, i)
+
+    yield "liger", liger
+
+
+def run(ctx: Context) -> list[dict]:
+    cpu = ctx.device.type == "cpu"
+    cases = ctx.select(CPU_CASES if cpu and not ctx.sizes else CASES, quick=QUICK["cpu" if cpu else "gpu"])
+    esize = torch.tensor([], dtype=ctx.dtype).element_size()
+    rows = []
+    for case in cases:
+        v, d, tokens = case
+        gen = torch.Generator(device="cpu").manual_seed(0)
+        indices = torch.randint(0, v, (tokens,), generator=gen).to(ctx.device)
+        weight = torch.randn(v, d, generator=gen).to(ctx.device, ctx.dtype).requires_grad_()
+        counted = nbytes(v, d, tokens, esize)
+        for name, fn in providers():
+            try:
+                fns = fwd_bwd_fns(lambda fn=fn: fn(weight, indices), [weight])
+            except Exception as e:  # noqa: BLE001
+                rows += [error_row(OP, case, name, m, e) for m in ("fwd", "bwd", "fwd+bwd")]
+                continue
+            for mode, f in fns.items():
+                rows.append(measure(ctx, OP, case, name, mode, f, nbytes=counted[mode]))
+            del fns
+        del weight, indices
+        ctx.empty_cache()
+    return rows
+
+
+def sweep(cases=((151936, 4096, 16384), (32768, 768, 16384))) -> None:
+    """Plan and overhead study on a GPU (not part of the table): kernel-only times of the forward and
+    backward under several CUDA tile shapes, the backward's host-side pieces (sort, searchsorted), and
+    a Zipf-skewed index distribution. Prints one line per measurement."""
+    import triton.testing
+
+    from fusedops.embedding import op as emb_op
+    from fusedops.embedding import plan as emb_plan
+    from fusedops.embedding.kernels import embedding_bwd_kernel, embedding_fwd_kernel
+    from fusedops.targets import target_for
+
+    def bench(fn):
+        return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
+
+    src = torch.empty(2**30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    copy_tbps = 2 * src.numel() / (bench(lambda: dst.copy_(src)) * 1e-3) / 1e12
+    del src, dst
+    print(f"sweep copy ceiling {copy_tbps:.3f} TB/s")
+    saved = (emb_plan.CUDA_TILE_BYTES, emb_plan.CUDA_MAX_BLOCK_D)
+    for v, d, tokens in cases:
+        gen = torch.Generator().manual_seed(0)
+        weight = torch.randn(v, d, generator=gen).to("cuda", torch.bfloat16)
+        idx = torch.randint(0, v, (tokens,), generator=gen).cuda()
+        g = torch.randn(tokens, d, generator=gen).to("cuda", torch.bfloat16)
+        target = target_for(weight.device)
+        out = torch.empty(tokens, d, device="cuda", dtype=torch.bfloat16)
+        gw = torch.empty(v, d, device="cuda", dtype=torch.bfloat16)
+        perm, offsets = emb_op._run_offsets(idx, v)
+        fb, bb = 2 * tokens * d * 2, (v * d + tokens * d) * 2
+        for tile_bytes, max_d in [(8192, 512), (16384, 1024), (32768, 1024), (32768, 2048), (65536, 4096)]:
+            emb_plan.CUDA_TILE_BYTES, emb_plan.CUDA_MAX_BLOCK_D = tile_bytes, max_d
+            pf = emb_plan.make_plan(target, tokens, d, 2, backward=False)
+            pb = emb_plan.make_plan(target, v, d, 2, backward=True)
+            f_ms = bench(lambda: embedding_fwd_kernel[(pf.grid,)](
+                idx, weight, out, tokens, v, d, weight.stride(0), 1,
+                BLOCK_T=pf.block_rows, BLOCK_D=pf.block_d, num_warps=pf.num_warps))
+            b_ms = bench(lambda: embedding_bwd_kernel[(pb.grid,)](
+                g, perm, offsets, gw, v, d, d, 1, -1,
+                SCALE=False, BLOCK_R=pb.block_rows, BLOCK_D=pb.block_d, num_warps=pb.num_warps))
+            print(f"sweep {v},{d},{tokens} tile={tile_bytes} maxd={max_d} "
+                  f"fwd[{pf.block_rows}x{pf.block_d} w{pf.num_warps}] {f_ms:.4f} ms {fb / f_ms / 1e9:.3f} TB/s | "
+                  f"bwd-kernel[{pb.block_rows}x{pb.block_d} w{pb.num_warps}] {b_ms:.4f} ms {bb / b_ms / 1e9:.3f} TB/s")
+        emb_plan.CUDA_TILE_BYTES, emb_plan.CUDA_MAX_BLOCK_D = saved
+        keys32 = idx.to(torch.int32)
+        bounds = torch.arange(v + 1, device="cuda")
+        pieces = {
+            "sort-int64": lambda: torch.sort(idx, stable=True),
+            "sort-int32": lambda: torch.sort(keys32, stable=True),
+            "clamp+cast+sort-int32": lambda: torch.sort(idx.clamp(-1, v).to(torch.int32), stable=True),
+            "searchsorted": lambda: torch.searchsorted(idx, bounds),
+            "run_offsets": lambda: emb_op._run_offsets(idx, v),
+            "zeros(V,D)": lambda: torch.zeros(v, d, device="cuda", dtype=torch.bfloat16),
+            "backward-op": lambda: emb_op._backward(g, idx, v, -1, False, target),
+        }
+        for name, fn in pieces.items():
+            print(f"sweep {v},{d},{tokens} {name} {bench(fn):.4f} ms")
+        zipf = torch.distributions.Zipf if hasattr(torch.distributions, "Zipf") else None
+        ranks = torch.arange(1, v + 1, dtype=torch.float64)
+        probs = ranks.pow(-1.1)
+        skew = torch.multinomial(probs / probs.sum(), tokens, replacement=True, generator=gen).cuda()
+        top = torch.bincount(skew).max().item()
+        print(f"sweep {v},{d},{tokens} zipf1.1 (max count {top}) backward-op "
+              f"{bench(lambda: emb_op._backward(g, skew, v, -1, False, target)):.4f} ms; torch "
+              f"{bench(lambda: torch.ops.aten.embedding_dense_backward(g, skew, v, -1, False)):.4f} ms")
+        del zipf
