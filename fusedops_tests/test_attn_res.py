@@ -1,0 +1,393 @@
+"""attn_res against a float64 einsum reference, on the PyTorch reference path and on both launch plans
+under the Triton interpreter (CPU CI), and on real kernels when a GPU is present."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import fusedops
+from fusedops.attn_res.plan import make_plan
+from fusedops.targets import cuda_target
+
+from .helpers import DTYPES, KERNEL_PATHS, PATHS, RTOL, assert_close, execution_path, gpu, opaque_triton_ops
+
+TILED_BUDGET = 2048  # bytes: forces D tiles of 64-128 elements on both plans
+
+
+def einsum_attn_res(values, query, norm_weight, eps):
+    """The definition, in float64, written independently of fusedops.attn_res.reference."""
+    v = values.double()
+    w = torch.ones_like(query, dtype=torch.float64) if norm_weight is None else norm_weight.double()
+    rms = torch.sqrt(torch.einsum("n...d,n...d->n...", v, v) / v.shape[-1] + eps)
+    logits = torch.einsum("n...d,d->n...", v, query.double() * w) / rms
+    alpha = torch.softmax(logits, dim=0)
+    return torch.einsum("n...,n...d->...d", alpha, v)
+
+
+def reference_grads(values, query, norm_weight, eps, grad_out):
+    leaves = [t.detach().double().requires_grad_() for t in (values, query)]
+    if norm_weight is not None:
+        leaves.append(norm_weight.detach().double().requires_grad_())
+    out = einsum_attn_res(leaves[0], leaves[1], leaves[2] if norm_weight is not None else None, eps)
+    grads = torch.autograd.grad(out, leaves, grad_out.double())
+    return out.detach(), grads
+
+
+def run_op(values, query, norm_weight, eps, grad_out):
+    leaves = [t.detach().clone().requires_grad_() for t in (values, query)]
+    weight = None if norm_weight is None else norm_weight.detach().clone().requires_grad_()
+    out = fusedops.attn_res(leaves[0], leaves[1], weight, eps)
+    out.backward(grad_out)
+    grads = [leaves[0].grad, leaves[1].grad] + ([weight.grad] if weight is not None else [])
+    return out.detach(), grads
+
+
+def make_values(n, batch, dim, dtype, layout, scale, gen):
+    """values [n, *batch, dim] in the requested layout: contiguous, a leading slice of a larger bank,
+    or batch dims permuted (non-contiguous); the last dim always has stride 1."""
+    if layout == "bank":
+        bank = torch.randn((n + 3, *batch, dim), generator=gen) * scale
+        values = bank.to(dtype)[:n]
+    elif layout == "permuted" and len(batch) >= 2:
+        full = (torch.randn((n, *reversed(batch), dim), generator=gen) * scale).to(dtype)
+        perm = [0] + list(range(len(batch), 0, -1)) + [len(batch) + 1]
+        values = full.permute(perm)
+    else:
+        values = (torch.randn((n, *batch, dim), generator=gen) * scale).to(dtype)
+    assert values.shape == (n, *batch, dim)
+    return values
+
+
+def grad_tolerance_scale(dtype):
+    # Gradients pass the rounding of out's dtype twice (the stored gradient and a mixed-precision cast).
+    return 1.0 if dtype == torch.float32 else 2.0
+
+
+def param_grad_term_sizes(values, query, norm_weight, eps, grad_out):
+    """|sum| bounds of the query/weight gradients: sum over tokens and sources of |ds_i rstd_i v_i|.
+    When the softmax saturates these terms cancel, and fp32 rounding scales with them, not with the
+    (possibly tiny) gradient itself."""
+    v, g, q = values.double(), grad_out.double(), query.double()
+    w = torch.ones_like(q) if norm_weight is None else norm_weight.double()
+    rstd = torch.rsqrt(v.square().mean(-1, keepdim=True) + eps)
+    logits = (v * q * w).sum(-1, keepdim=True) * rstd
+    alpha = torch.softmax(logits, 0)
+    gv = (g * v).sum(-1, keepdim=True)
+    ds = alpha * (gv - (alpha * gv).sum(0, keepdim=True))
+    terms = (ds.abs() * rstd * v.abs() + alpha * rstd * g.abs().sum(-1, keepdim=True) * v.abs()).reshape(-1, v.shape[-1]).sum(0)
+    return terms * w.abs(), terms * q.abs()
+
+
+def assert_grads_close(grads, ref_grads, values, query, weight, eps, grad_out):
+    scale = grad_tolerance_scale(values.dtype)
+    assert_close("grad_values", grads[0], ref_grads[0], values.dtype, scale=scale)
+    term_q, term_w = param_grad_term_sizes(values, query, weight, eps, grad_out)
+    for name, grad, ref, terms, param in zip(
+        ["grad_query", "grad_norm_weight"], grads[1:], ref_grads[1:], (term_q, term_w), (query, weight)
+    ):
+        assert grad.dtype == param.dtype
+        dtype = values.dtype if param.dtype == torch.float32 else param.dtype
+        err = (grad.double() - ref).norm().item()
+        bound = RTOL[dtype] * scale * ref.norm().item() + 1e-5 * terms.norm().item()
+        assert err <= bound, f"{name}: error {err:.3e} > {bound:.3e}"
+
+
+@st.composite
+def attn_res_cases(draw, max_n=70, max_dim=300):
+    n = draw(st.integers(1, max_n))
+    batch = draw(st.lists(st.integers(1, 3), min_size=0, max_size=3))
+    dim = draw(st.one_of(st.integers(1, max_dim), st.sampled_from([1, 7, 64, 123, 256, 300])))
+    dtype = draw(st.sampled_from(DTYPES))
+    param_dtype = draw(st.sampled_from([dtype, torch.float32]))
+    layout = draw(st.sampled_from(["contiguous", "bank", "permuted"]))
+    value_scale = 10.0 ** draw(st.floats(-3, 3))
+    query_scale = draw(st.sampled_from([0.0, 0.1, 1.0, 5.0]))  # 5.0 saturates the softmax
+    with_weight = draw(st.booleans())
+    eps = draw(st.sampled_from([1e-6, 1e-5, 0.1]))
+    seed = draw(st.integers(0, 2**31 - 1))
+    return n, tuple(batch), dim, dtype, param_dtype, layout, value_scale, query_scale, with_weight, eps, seed
+
+
+def build_inputs(case):
+    n, batch, dim, dtype, param_dtype, layout, value_scale, query_scale, with_weight, eps, seed = case
+    gen = torch.Generator().manual_seed(seed)
+    values = make_values(n, batch, dim, dtype, layout, value_scale, gen)
+    query = (torch.randn(dim, generator=gen) * query_scale).to(param_dtype)
+    weight = (torch.rand(dim, generator=gen) + 0.5).to(param_dtype) if with_weight else None
+    grad_out = torch.randn((*batch, dim), generator=gen).to(dtype)
+    return values, query, weight, eps, grad_out
+
+
+def check_case(case, path, onchip_bytes=None):
+    values, query, weight, eps, grad_out = build_inputs(case)
+    ref_out, ref_grads = reference_grads(values, query, weight, eps, grad_out)
+    with execution_path(path, onchip_bytes):
+        out, grads = run_op(values, query, weight, eps, grad_out)
+    assert out.dtype == values.dtype
+    assert_close("out", out, ref_out, values.dtype)
+    assert grads[0].dtype == values.dtype
+    assert_grads_close(grads, ref_grads, values, query, weight, eps, grad_out)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@given(case=attn_res_cases())
+def test_matches_einsum(path, case):
+    check_case(case, path)
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+@given(case=attn_res_cases(max_n=12))
+def test_matches_einsum_tiled_over_d(path, case):
+    """A small on-chip budget forces the two-pass D-tiled forward and multi-tile backward."""
+    check_case(case, path, onchip_bytes=TILED_BUDGET)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_many_sources_no_cap(path):
+    """N far past the 32 where Liger silently drops sources."""
+    gen = torch.Generator().manual_seed(0)
+    n, dim = 1030, 64
+    values = torch.randn(n, 2, dim, generator=gen)
+    direction = torch.nn.functional.normalize(torch.randn(dim, generator=gen), dim=0)
+    query = 20 * direction
+    # The last source points along the query: its logit is 20 * sqrt(64) = 160, the others' ~20 * N(0, 1).
+    values[n - 1] = 3 * direction
+    with execution_path(path):
+        out = fusedops.attn_res(values, query)
+    assert_close("out", out, einsum_attn_res(values, query, None, 1e-6), torch.float32)
+    torch.testing.assert_close(out, values[n - 1], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_zero_query_is_uniform_average(path):
+    values = torch.randn(5, 3, 17)
+    with execution_path(path):
+        out = fusedops.nn.AttnRes(17)(values)
+    torch.testing.assert_close(out, values.mean(0), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("wanted", [(True, False, False), (False, True, True), (False, False, True)])
+def test_backward_computes_only_needed_grads(path, wanted):
+    gen = torch.Generator().manual_seed(1)
+    values, query, weight = torch.randn(4, 3, 10, generator=gen), torch.randn(10, generator=gen), torch.rand(10)
+    grad_out = torch.randn(3, 10, generator=gen)
+    with execution_path(path):
+        grads = torch.ops.fusedops.attn_res_backward(grad_out, values, query, weight, 1e-6, *wanted)
+    _, ref = reference_grads(values, query, weight, 1e-6, grad_out)
+    for need, grad, ref_grad in zip(wanted, grads, ref):
+        if need:
+            assert_close("grad", grad, ref_grad, torch.float32)
+        else:
+            assert grad.numel() == 0
+
+
+class _CopyWatch(TorchDispatchMode):
+    """Records every aten op that materialises a tensor as large as values."""
+
+    def __init__(self, numel):
+        super().__init__()
+        self.numel, self.copies = numel, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = str(func)
+        if any(k in name for k in ("copy", "clone", "contiguous", "_to_copy")):
+            outs = out if isinstance(out, (tuple, list)) else [out]
+            if any(isinstance(o, torch.Tensor) and o.numel() >= self.numel for o in outs):
+                self.copies.append(name)
+        return out
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+@pytest.mark.parametrize("layout", ["bank", "permuted"])
+def test_strided_values_are_read_in_place(path, layout):
+    gen = torch.Generator().manual_seed(2)
+    values = make_values(6, (3, 4), 24, torch.float32, layout, 1.0, gen)
+    assert values._base is not None and (layout == "bank" or not values.is_contiguous())
+    query, grad_out = torch.randn(24, generator=gen), torch.randn(3, 4, 24, generator=gen)
+    with execution_path(path), _CopyWatch(values.numel()) as watch:
+        torch.ops.fusedops.attn_res(values, query, None, 1e-6)
+        torch.ops.fusedops.attn_res_backward(grad_out, values, query, None, 1e-6, True, True, False)
+    assert watch.copies == []
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+@pytest.mark.parametrize("onchip_bytes", [None, TILED_BUDGET])
+def test_backward_is_bitwise_deterministic(path, onchip_bytes):
+    gen = torch.Generator().manual_seed(3)
+    values = torch.randn(7, 9, 40, generator=gen).to(torch.bfloat16)
+    query, weight = torch.randn(40, generator=gen), torch.rand(40, generator=gen)
+    grad_out = torch.randn(9, 40, generator=gen).to(torch.bfloat16)
+    with execution_path(path, onchip_bytes):
+        runs = [
+            torch.ops.fusedops.attn_res_backward(grad_out, values, query, weight, 1e-6, True, True, True)
+            for _ in range(2)
+        ]
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+
+
+def opcheck_samples():
+    gen = torch.Generator().manual_seed(4)
+    for shape, dtype, weight in [((3, 2, 5, 16), torch.float32, True), ((1, 9), torch.float32, False),
+                                 ((4, 3, 33), torch.bfloat16, True)]:
+        values = torch.randn(shape, generator=gen).to(dtype)
+        query = torch.randn(shape[-1], generator=gen)
+        norm_weight = torch.rand(shape[-1], generator=gen) if weight else None
+        yield values, query, norm_weight
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_opcheck(path, requires_grad):
+    with execution_path(path), opaque_triton_ops():
+        for values, query, weight in opcheck_samples():
+            leaves = [t.requires_grad_(requires_grad) if t is not None else None for t in (values, query, weight)]
+            torch.library.opcheck(torch.ops.fusedops.attn_res.default, (*leaves, 1e-6))
+            grad_out = torch.randn(values.shape[1:]).to(values.dtype)
+            torch.library.opcheck(
+                torch.ops.fusedops.attn_res_backward.default,
+                (grad_out, values.detach(), query.detach(), None if weight is None else weight.detach(), 1e-6,
+                 True, True, weight is not None),
+            )
+
+
+class TinyDepthModel(torch.nn.Module):
+    def __init__(self, dim=16, depth=3):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(dim, dim) for _ in range(depth))
+        self.mix = torch.nn.ModuleList(fusedops.nn.AttnRes(dim) for _ in range(depth))
+        for m in self.mix:
+            torch.nn.init.normal_(m.query, std=0.5)
+
+    def forward(self, x):
+        sources = [x]
+        for layer, mix in zip(self.layers, self.mix):
+            h = mix(torch.stack(sources))
+            sources.append(torch.tanh(layer(h)))
+        return sources[-1]
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_compile_fullgraph_matches_eager(path):
+    torch.manual_seed(5)
+    model, x = TinyDepthModel(), torch.randn(2, 5, 16)
+    with execution_path(path), opaque_triton_ops():
+        eager = model(x)
+        eager.sum().backward()
+        eager_grads = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+        torch._dynamo.reset()
+        compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+        out = compiled(x)
+        out.sum().backward()
+    torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-6)
+    for p, g in zip(model.parameters(), eager_grads):
+        torch.testing.assert_close(p.grad, g, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_export_round_trip(path):
+    torch.manual_seed(6)
+    model, x = TinyDepthModel().eval(), torch.randn(2, 5, 16)
+    with execution_path(path), opaque_triton_ops():
+        program = torch.export.export(model, (x,))
+        assert any("fusedops.attn_res" in str(node.target) for node in program.graph.nodes)
+        buffer = io.BytesIO()
+        torch.export.save(program, buffer)
+        buffer.seek(0)
+        reloaded = torch.export.load(buffer)
+        torch.testing.assert_close(reloaded.module()(x), model(x), rtol=1e-5, atol=1e-6)
+
+
+# ---- bad input: ValueError naming the argument, for every path (checks never read tensor data) ----
+
+def _good():
+    return torch.randn(3, 2, 8), torch.randn(8), torch.rand(8)
+
+
+BAD_INPUTS = {
+    "values_1d": (lambda v, q, w: (v[0, 0], q, w, 1e-6), "values"),
+    "n_zero": (lambda v, q, w: (v[:0], q, w, 1e-6), "values"),
+    "d_zero": (lambda v, q, w: (v[..., :0], q[:0], w[:0], 1e-6), "values"),
+    "query_dim": (lambda v, q, w: (v, q[:7], w, 1e-6), "query"),
+    "query_2d": (lambda v, q, w: (v, q[None], w, 1e-6), "query"),
+    "weight_dim": (lambda v, q, w: (v, q, w[:5], 1e-6), "norm_weight"),
+    "values_int": (lambda v, q, w: (v.to(torch.int32), q, w, 1e-6), "values"),
+    "query_int": (lambda v, q, w: (v, q.to(torch.int64), w, 1e-6), "query"),
+    "weight_float64": (lambda v, q, w: (v, q, w.double(), 1e-6), "norm_weight"),
+    "device": (lambda v, q, w: (v, q.to("meta"), w, 1e-6), "query"),
+    "eps_zero": (lambda v, q, w: (v, q, w, 0.0), "eps"),
+    "eps_negative": (lambda v, q, w: (v, q, w, -1e-6), "eps"),
+    "eps_nan": (lambda v, q, w: (v, q, w, math.nan), "eps"),
+    "eps_inf": (lambda v, q, w: (v, q, w, math.inf), "eps"),
+    "last_dim_strided": (lambda v, q, w: (torch.randn(3, 2, 16)[..., ::2], q, w, 1e-6), "values"),
+}
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_names_argument(path, case):
+    make, name = BAD_INPUTS[case]
+    args = make(*_good())
+    with execution_path(path), pytest.raises(ValueError, match=name):
+        fusedops.attn_res(*args)
+
+
+def test_too_many_strided_batch_dims_is_a_clear_error():
+    base = torch.randn(2, 3, 4, 5, 6, 8)
+    values = base.permute(0, 4, 3, 2, 1, 5)[:, ::2, :, ::2]  # four batch dims no stride can merge
+    with execution_path("cuda"), pytest.raises(ValueError, match="values"):
+        fusedops.attn_res(values, torch.randn(8))
+
+
+def test_module_validates_dim():
+    with pytest.raises(ValueError, match="dim"):
+        fusedops.nn.AttnRes(0)
+
+
+def test_cuda_plan_fits_model_rows_on_chip():
+    """D = 4096 and 7168 run the single-pass forward on an H100-like target."""
+    target = cuda_target(interpreted=True)
+    for dim in (4096, 7168):
+        assert make_plan(target, 8192, dim, 2, backward=False).one_tile
+
+
+# ---- real kernels on a GPU ----
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [8, 16, 64])
+@pytest.mark.parametrize("dim", [4096, 7168])
+def test_gpu_real_sizes(n, dim):
+    torch.manual_seed(n + dim)
+    values = torch.randn(n, 2, 128, dim, device="cuda").to(torch.bfloat16)
+    query = torch.randn(dim, device="cuda") * 0.05
+    weight = torch.rand(dim, device="cuda") + 0.5
+    grad_out = torch.randn(2, 128, dim, device="cuda").to(torch.bfloat16)
+    ref_out, ref_grads = reference_grads(values, query, weight, 1e-6, grad_out)
+    out, grads = run_op(values, query, weight, 1e-6, grad_out)
+    assert_close("out", out, ref_out, torch.bfloat16)
+    assert_grads_close(grads, ref_grads, values, query, weight, 1e-6, grad_out)
+    again = run_op(values, query, weight, 1e-6, grad_out)[1]
+    assert all(torch.equal(a, b) for a, b in zip(grads, again))
+
+
+@gpu
+@pytest.mark.gpu
+@given(case=attn_res_cases())
+@settings(max_examples=40)
+def test_gpu_matches_einsum(case):
+    values, query, weight, eps, grad_out = (t.cuda() if isinstance(t, torch.Tensor) else t for t in build_inputs(case))
+    ref_out, ref_grads = reference_grads(values, query, weight, eps, grad_out)
+    out, grads = run_op(values, query, weight, eps, grad_out)
+    assert_close("out", out, ref_out, values.dtype)
+    assert_grads_close(grads, ref_grads, values, query, weight, eps, grad_out)
