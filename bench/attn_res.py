@@ -1,4 +1,4 @@
-"""attn_res benchmark (minimal harness version): fusedops vs the eager reference, torch.compile of the
+"""attn_res benchmark: fusedops vs the eager reference, torch.compile of the
 reference, Liger-Kernel and fla-core when importable. Cases (N, B, T, D) from issue #2."""
 
 from __future__ import annotations
@@ -30,13 +30,13 @@ def providers():
 
     def liger(v, q, w):
         mod = optional_import("liger_kernel.ops.attn_res")
-        return mod.LigerAttnResFunction.apply(v, q, w)
+        return mod.LigerAttnResFunction.apply(v, q, w, 1e-6)
 
     yield "liger", liger
 
     def fla(v, q, w):
         mod = optional_import("fla.ops.attnres")
-        return mod.fused_attnres(list(v.unbind(0)), q, w)
+        return mod.fused_attnres(q, list(v.unbind(0)), w, rms_eps=1e-6)
 
     yield "fla", fla
 

@@ -21,7 +21,7 @@ from fusedops.validation import (
 
 from . import reference
 from .kernels import attn_res_bwd_kernel, attn_res_fwd_kernel, attn_res_param_grad_kernel
-from .plan import make_plan, reduce_plan
+from .plan import Plan, make_plan, reduce_plan
 
 
 def check_args(values: Tensor, query: Tensor, norm_weight: Optional[Tensor], eps: float) -> None:
@@ -55,14 +55,16 @@ def _walk(values: Tensor) -> tuple[int, int, int, int, int, int]:
     return sizes[1], sizes[2], strides[0], strides[1], strides[2], sizes[0] * sizes[1] * sizes[2]
 
 
-def _forward(values: Tensor, query: Tensor, norm_weight: Optional[Tensor], eps: float, target: Target) -> Tensor:
+def _forward(
+    values: Tensor, query: Tensor, norm_weight: Optional[Tensor], eps: float, target: Target, plan: Optional[Plan] = None
+) -> Tensor:
     n, dim = values.shape[0], values.shape[-1]
     out = values.new_empty(values.shape[1:])
     tokens = out.numel() // dim
     if tokens == 0:
         return out
     s1, s2, st0, st1, st2, _ = _walk(values)
-    plan = make_plan(target, tokens, dim, values.element_size(), backward=False)
+    plan = plan or make_plan(target, tokens, dim, values.element_size(), backward=False)
     logits = out if plan.one_tile else values.new_empty((n, tokens), dtype=torch.float32)
     wrap_triton(attn_res_fwd_kernel)[(plan.grid,)](
         values, query, query if norm_weight is None else norm_weight, out, logits,
@@ -75,7 +77,7 @@ def _forward(values: Tensor, query: Tensor, norm_weight: Optional[Tensor], eps: 
 
 def _backward(
     grad_out: Tensor, values: Tensor, query: Tensor, norm_weight: Optional[Tensor], eps: float,
-    need_values: bool, need_query: bool, need_norm_weight: bool, target: Target,
+    need_values: bool, need_query: bool, need_norm_weight: bool, target: Target, plan: Optional[Plan] = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     n, dim = values.shape[0], values.shape[-1]
     tokens = grad_out.numel() // dim
@@ -85,7 +87,7 @@ def _backward(
     grad_weight = torch.empty_like(norm_weight) if need_norm_weight else query.new_empty(0)
     if not (need_values or need_du):
         return grad_values, grad_query, grad_weight
-    plan = make_plan(target, tokens, dim, values.element_size(), backward=True)
+    plan = plan or make_plan(target, tokens, dim, values.element_size(), backward=True)
     partial = values.new_zeros((plan.grid if tokens else 1, dim), dtype=torch.float32)
     if tokens:
         grad_out = grad_out.contiguous()
