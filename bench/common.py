@@ -128,10 +128,13 @@ class Context:
                 pass
 
 
-def _wall_median(fn: Callable[[], Any], reps: int) -> float:
+def _wall_median(fn: Callable[[], Any], reps: int, budget_s: float = 0.2, max_reps: int = 100) -> float:
+    """Median wall-clock ms over at least `reps` runs, more (up to max_reps) while within budget_s."""
     fn()  # warm-up (compilation, allocator)
-    times = []
-    for _ in range(reps):
+    fn()
+    times: list[float] = []
+    start = _time.perf_counter()
+    while len(times) < reps or (_time.perf_counter() - start < budget_s and len(times) < max_reps):
         t0 = _time.perf_counter()
         fn()
         times.append((_time.perf_counter() - t0) * 1e3)
