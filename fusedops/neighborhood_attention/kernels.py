@@ -80,7 +80,7 @@ def na_fwd_kernel(
     H, G, D, DV,
     L0, L1, L2, K0, K1, K2, DL0, DL1, DL2, ST0, ST1, ST2, C0, C1, C2,
     NB0, NB1, NB2, num_tiles, qk_scale,
-    TRUNCATED: tl.constexpr,
+    TRUNCATED: tl.constexpr, NDIM: tl.constexpr,
     BM0: tl.constexpr, BM1: tl.constexpr, BM2: tl.constexpr,
     BN0: tl.constexpr, BN1: tl.constexpr, BN2: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
@@ -120,16 +120,22 @@ def na_fwd_kernel(
         q = tl.load(q_ptr + q_rows[:, None] + dq_off[None, :], mask=row_ok[:, None] & d_mask[None, :], other=0.0)
         if DOT_FP32:
             q = q.to(tl.float32)
-        lo0, hi0 = _window(i0, lg0, K0, ST0, C0, TRUNCATED)
-        lo1, hi1 = _window(i1, lg1, K1, ST1, C1, TRUNCATED)
+        # per-row windows, and the key range of the whole tile (windows are monotone in the query)
         lo2, hi2 = _window(i2, lg2, K2, ST2, C2, TRUNCATED)
-        # key range of the whole tile: windows are monotone in the query index
-        klo0, _ = _window(i00, lg0, K0, ST0, C0, TRUNCATED)
-        klo1, _ = _window(i01, lg1, K1, ST1, C1, TRUNCATED)
         klo2, _ = _window(i02, lg2, K2, ST2, C2, TRUNCATED)
-        _, khi0 = _window(tl.minimum(i00 + BM0 - 1, lg0 - 1), lg0, K0, ST0, C0, TRUNCATED)
-        _, khi1 = _window(tl.minimum(i01 + BM1 - 1, lg1 - 1), lg1, K1, ST1, C1, TRUNCATED)
         _, khi2 = _window(tl.minimum(i02 + BM2 - 1, lg2 - 1), lg2, K2, ST2, C2, TRUNCATED)
+        klo1 = 0
+        khi1 = 0
+        klo0 = 0
+        khi0 = 0
+        if NDIM >= 2:
+            lo1, hi1 = _window(i1, lg1, K1, ST1, C1, TRUNCATED)
+            klo1, _ = _window(i01, lg1, K1, ST1, C1, TRUNCATED)
+            _, khi1 = _window(tl.minimum(i01 + BM1 - 1, lg1 - 1), lg1, K1, ST1, C1, TRUNCATED)
+        if NDIM >= 3:
+            lo0, hi0 = _window(i0, lg0, K0, ST0, C0, TRUNCATED)
+            klo0, _ = _window(i00, lg0, K0, ST0, C0, TRUNCATED)
+            _, khi0 = _window(tl.minimum(i00 + BM0 - 1, lg0 - 1), lg0, K0, ST0, C0, TRUNCATED)
         kv_base_k = b.to(tl.int64) * skb + hk.to(tl.int64) * skh
         kv_base_v = b.to(tl.int64) * svb + hk.to(tl.int64) * svh
         m_i = tl.full([BM0 * BM1 * BM2], -1.0e30, tl.float32)
@@ -141,7 +147,11 @@ def na_fwd_kernel(
                 j1 = j01 + c1
                 for j02 in range(klo2, khi2 + 1, BN2):
                     j2 = j02 + c2
-                    col_ok = (j0 <= khi0) & (j1 <= khi1) & (j2 <= khi2)
+                    col_ok = j2 <= khi2
+                    if NDIM >= 2:
+                        col_ok = col_ok & (j1 <= khi1)
+                    if NDIM >= 3:
+                        col_ok = col_ok & (j0 <= khi0)
                     pk0 = (j0 * DL0 + g0).to(tl.int64)
                     pk1 = (j1 * DL1 + g1).to(tl.int64)
                     pk2 = (j2 * DL2 + g2).to(tl.int64)
@@ -156,9 +166,11 @@ def na_fwd_kernel(
                         vt = vt.to(tl.float32)
                     s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
                     ok = (row_ok[:, None] & col_ok[None, :]
-                          & (j0[None, :] >= lo0[:, None]) & (j0[None, :] <= hi0[:, None])
-                          & (j1[None, :] >= lo1[:, None]) & (j1[None, :] <= hi1[:, None])
                           & (j2[None, :] >= lo2[:, None]) & (j2[None, :] <= hi2[:, None]))
+                    if NDIM >= 2:
+                        ok = ok & (j1[None, :] >= lo1[:, None]) & (j1[None, :] <= hi1[:, None])
+                    if NDIM >= 3:
+                        ok = ok & (j0[None, :] >= lo0[:, None]) & (j0[None, :] <= hi0[:, None])
                     s = tl.where(ok, s, float("-inf"))
                     m_new = tl.maximum(m_i, tl.max(s, axis=1))
                     alpha = tl.exp2(m_i - m_new)
@@ -218,7 +230,7 @@ def na_bwd_dq_kernel(
     H, G, D, DV,
     L0, L1, L2, K0, K1, K2, DL0, DL1, DL2, ST0, ST1, ST2, C0, C1, C2,
     NB0, NB1, NB2, num_tiles, qk_scale, scale,
-    TRUNCATED: tl.constexpr,
+    TRUNCATED: tl.constexpr, NDIM: tl.constexpr,
     BM0: tl.constexpr, BM1: tl.constexpr, BM2: tl.constexpr,
     BN0: tl.constexpr, BN1: tl.constexpr, BN2: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
@@ -267,15 +279,22 @@ def na_bwd_dq_kernel(
         flat = (b * H + h).to(tl.int64) * S + (p0 * L1 * L2 + p1 * L2 + p2).to(tl.int64)
         lse2 = tl.load(lse_ptr + flat, mask=row_ok, other=0.0) * 1.4426950408889634
         delta = tl.load(delta_ptr + flat, mask=row_ok, other=0.0)
-        lo0, hi0 = _window(i0, lg0, K0, ST0, C0, TRUNCATED)
-        lo1, hi1 = _window(i1, lg1, K1, ST1, C1, TRUNCATED)
+        # per-row windows, and the key range of the whole tile (windows are monotone in the query)
         lo2, hi2 = _window(i2, lg2, K2, ST2, C2, TRUNCATED)
-        klo0, _ = _window(i00, lg0, K0, ST0, C0, TRUNCATED)
-        klo1, _ = _window(i01, lg1, K1, ST1, C1, TRUNCATED)
         klo2, _ = _window(i02, lg2, K2, ST2, C2, TRUNCATED)
-        _, khi0 = _window(tl.minimum(i00 + BM0 - 1, lg0 - 1), lg0, K0, ST0, C0, TRUNCATED)
-        _, khi1 = _window(tl.minimum(i01 + BM1 - 1, lg1 - 1), lg1, K1, ST1, C1, TRUNCATED)
         _, khi2 = _window(tl.minimum(i02 + BM2 - 1, lg2 - 1), lg2, K2, ST2, C2, TRUNCATED)
+        klo1 = 0
+        khi1 = 0
+        klo0 = 0
+        khi0 = 0
+        if NDIM >= 2:
+            lo1, hi1 = _window(i1, lg1, K1, ST1, C1, TRUNCATED)
+            klo1, _ = _window(i01, lg1, K1, ST1, C1, TRUNCATED)
+            _, khi1 = _window(tl.minimum(i01 + BM1 - 1, lg1 - 1), lg1, K1, ST1, C1, TRUNCATED)
+        if NDIM >= 3:
+            lo0, hi0 = _window(i0, lg0, K0, ST0, C0, TRUNCATED)
+            klo0, _ = _window(i00, lg0, K0, ST0, C0, TRUNCATED)
+            _, khi0 = _window(tl.minimum(i00 + BM0 - 1, lg0 - 1), lg0, K0, ST0, C0, TRUNCATED)
         kv_base_k = b.to(tl.int64) * skb + hk.to(tl.int64) * skh
         kv_base_v = b.to(tl.int64) * svb + hk.to(tl.int64) * svh
         dq = tl.zeros([BM0 * BM1 * BM2, BLOCK_D], tl.float32)
@@ -285,7 +304,11 @@ def na_bwd_dq_kernel(
                 j1 = j01 + c1
                 for j02 in range(klo2, khi2 + 1, BN2):
                     j2 = j02 + c2
-                    col_ok = (j0 <= khi0) & (j1 <= khi1) & (j2 <= khi2)
+                    col_ok = j2 <= khi2
+                    if NDIM >= 2:
+                        col_ok = col_ok & (j1 <= khi1)
+                    if NDIM >= 3:
+                        col_ok = col_ok & (j0 <= khi0)
                     pk0 = (j0 * DL0 + g0).to(tl.int64)
                     pk1 = (j1 * DL1 + g1).to(tl.int64)
                     pk2 = (j2 * DL2 + g2).to(tl.int64)
@@ -300,9 +323,11 @@ def na_bwd_dq_kernel(
                         vt = vt.to(tl.float32)
                     s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
                     ok = (row_ok[:, None] & col_ok[None, :]
-                          & (j0[None, :] >= lo0[:, None]) & (j0[None, :] <= hi0[:, None])
-                          & (j1[None, :] >= lo1[:, None]) & (j1[None, :] <= hi1[:, None])
                           & (j2[None, :] >= lo2[:, None]) & (j2[None, :] <= hi2[:, None]))
+                    if NDIM >= 2:
+                        ok = ok & (j1[None, :] >= lo1[:, None]) & (j1[None, :] <= hi1[:, None])
+                    if NDIM >= 3:
+                        ok = ok & (j0[None, :] >= lo0[:, None]) & (j0[None, :] <= hi0[:, None])
                     p = tl.where(ok, tl.exp2(s - lse2[:, None]), 0.0)
                     dp = tl.dot(do, vt, input_precision=PRECISION)
                     ds = p * (dp - delta[:, None])
@@ -322,7 +347,7 @@ def na_bwd_dkdv_kernel(
     H, HKV, G, D, DV,
     L0, L1, L2, K0, K1, K2, DL0, DL1, DL2, ST0, ST1, ST2, C0, C1, C2,
     NN0, NN1, NN2, num_tiles, qk_scale, scale,
-    TRUNCATED: tl.constexpr,
+    TRUNCATED: tl.constexpr, NDIM: tl.constexpr,
     BM0: tl.constexpr, BM1: tl.constexpr, BM2: tl.constexpr,
     BN0: tl.constexpr, BN1: tl.constexpr, BN2: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
@@ -391,14 +416,20 @@ def na_bwd_dkdv_kernel(
             do_base = b.to(tl.int64) * sdb + h.to(tl.int64) * sdh
             bh_flat = (b * H + h).to(tl.int64) * S
             for i00 in range(qs0, qe0 + 1, BM0):
-                lo_t0, _ = _window(i00, lg0, K0, ST0, C0, TRUNCATED)
-                _, hi_t0 = _window(tl.minimum(i00 + BM0 - 1, lg0 - 1), lg0, K0, ST0, C0, TRUNCATED)
-                if (lo_t0 <= jh0) & (hi_t0 >= jl0):
+                hit0 = True
+                if NDIM >= 3:
+                    lo_t0, _ = _window(i00, lg0, K0, ST0, C0, TRUNCATED)
+                    _, hi_t0 = _window(tl.minimum(i00 + BM0 - 1, lg0 - 1), lg0, K0, ST0, C0, TRUNCATED)
+                    hit0 = (lo_t0 <= jh0) & (hi_t0 >= jl0)
+                if hit0:
                     i0 = i00 + r0
                     for i01 in range(qs1, qe1 + 1, BM1):
-                        lo_t1, _ = _window(i01, lg1, K1, ST1, C1, TRUNCATED)
-                        _, hi_t1 = _window(tl.minimum(i01 + BM1 - 1, lg1 - 1), lg1, K1, ST1, C1, TRUNCATED)
-                        if (lo_t1 <= jh1) & (hi_t1 >= jl1):
+                        hit1 = True
+                        if NDIM >= 2:
+                            lo_t1, _ = _window(i01, lg1, K1, ST1, C1, TRUNCATED)
+                            _, hi_t1 = _window(tl.minimum(i01 + BM1 - 1, lg1 - 1), lg1, K1, ST1, C1, TRUNCATED)
+                            hit1 = (lo_t1 <= jh1) & (hi_t1 >= jl1)
+                        if hit1:
                             i1 = i01 + r1
                             for i02 in range(qs2, qe2 + 1, BM2):
                                 lo_t2, _ = _window(i02, lg2, K2, ST2, C2, TRUNCATED)
@@ -421,13 +452,15 @@ def na_bwd_dkdv_kernel(
                                     flat = bh_flat + p0 * L1 * L2 + p1 * L2 + p2
                                     lse2 = tl.load(lse_ptr + flat, mask=row_ok, other=0.0) * 1.4426950408889634
                                     delta = tl.load(delta_ptr + flat, mask=row_ok, other=0.0)
-                                    lo0, hi0 = _window(i0, lg0, K0, ST0, C0, TRUNCATED)
-                                    lo1, hi1 = _window(i1, lg1, K1, ST1, C1, TRUNCATED)
                                     lo2, hi2 = _window(i2, lg2, K2, ST2, C2, TRUNCATED)
                                     ok = (row_ok[:, None] & col_ok[None, :]
-                                          & (j0[None, :] >= lo0[:, None]) & (j0[None, :] <= hi0[:, None])
-                                          & (j1[None, :] >= lo1[:, None]) & (j1[None, :] <= hi1[:, None])
                                           & (j2[None, :] >= lo2[:, None]) & (j2[None, :] <= hi2[:, None]))
+                                    if NDIM >= 2:
+                                        lo1, hi1 = _window(i1, lg1, K1, ST1, C1, TRUNCATED)
+                                        ok = ok & (j1[None, :] >= lo1[:, None]) & (j1[None, :] <= hi1[:, None])
+                                    if NDIM >= 3:
+                                        lo0, hi0 = _window(i0, lg0, K0, ST0, C0, TRUNCATED)
+                                        ok = ok & (j0[None, :] >= lo0[:, None]) & (j0[None, :] <= hi0[:, None])
                                     s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
                                     p = tl.where(ok, tl.exp2(s - lse2[:, None]), 0.0)
                                     dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PRECISION)

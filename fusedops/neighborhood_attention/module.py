@@ -39,7 +39,7 @@ class _NeighborhoodAttentionNd(nn.Module):
         spatial = x.shape[1:-1]
         qkv = self.qkv(x).unflatten(-1, (3, self.num_heads, self.head_dim))  # [B, *sp, 3, H, d]
         # heads-first views of the heads-last projection: the kernels read them without a copy
-        perm = (0, self.spatial_dims + 2, *range(1, self.spatial_dims + 1), self.spatial_dims + 3)
+        perm = (0, self.spatial_dims + 1, *range(1, self.spatial_dims + 1), self.spatial_dims + 2)
         q, k, v = (qkv.select(-3, i).permute(perm) for i in range(3))
         out = neighborhood_attention(q, k, v, self.kernel_size, self.dilation, self.stride, self.is_causal,
                                      window=self.window)

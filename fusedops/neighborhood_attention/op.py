@@ -103,7 +103,7 @@ def check_args(
         if window == "truncated" and st[a] != 1:
             raise ValueError(f"stride must be 1 with window='truncated', got {st}")
     if scale is None:
-        scale = head_dim ** -0.5
+        return ks, dil, st, causal, head_dim ** -0.5  # may be symbolic under torch.compile
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
         raise ValueError(f"scale must be a positive finite float, got {scale!r}")
     return ks, dil, st, causal, float(scale)
@@ -158,7 +158,7 @@ def _forward(q, k, v, ks, dil, st, causal, scale, window, target: Target) -> tup
         *_strides(q), *_strides(k), *_strides(v),
         geo.heads, geo.heads // geo.kv_heads, geo.head_dim, geo.head_dim_v,
         *geo.axis_args(), *geo.blocks(plan.bm), tiles, scale * LOG2E,
-        TRUNCATED=window == "truncated",
+        TRUNCATED=window == "truncated", NDIM=geo.ndim,
         BM0=plan.bm[0], BM1=plan.bm[1], BM2=plan.bm[2], BN0=plan.bn[0], BN1=plan.bn[1], BN2=plan.bn[2],
         BLOCK_D=plan.block_d, BLOCK_DV=plan.block_dv, DOT_FP32=plan.dot_fp32, PRECISION=plan.precision,
         num_warps=plan.num_warps,
@@ -191,7 +191,7 @@ def _backward(grad_out, grad_lse, q, k, v, out, lse, ks, dil, st, causal, scale,
     plan = make_plan(target, geo.spatial, geo.dilation, geo.head_dim, geo.head_dim_v, q.dtype, geo.ndim,
                      backward=True)
     common = dict(
-        TRUNCATED=window == "truncated",
+        TRUNCATED=window == "truncated", NDIM=geo.ndim,
         BM0=plan.bm[0], BM1=plan.bm[1], BM2=plan.bm[2], BN0=plan.bn[0], BN1=plan.bn[1], BN2=plan.bn[2],
         BLOCK_D=plan.block_d, BLOCK_DV=plan.block_dv, DOT_FP32=plan.dot_fp32, PRECISION=plan.precision,
         num_warps=plan.num_warps,

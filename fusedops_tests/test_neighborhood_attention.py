@@ -1,0 +1,497 @@
+"""fusedops.neighborhood_attention against a float64 dense-mask oracle written straight from the
+issue's formulas, on the PyTorch reference and on both launch plans under the Triton interpreter."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import fusedops
+from fusedops.neighborhood_attention import reference
+from fusedops.neighborhood_attention.plan import make_plan
+from fusedops.targets import ascend_target, cuda_target
+
+from .helpers import DTYPES, KERNEL_PATHS, PATHS, assert_close, execution_path, gpu, opaque_triton_ops
+
+# ---- the oracle: per-axis key lists from the issue text, a dense S x S mask, float64 autograd ----------
+
+
+def axis_keys(length, k, d, s, causal, window, i):
+    """Original-coordinate keys of query i on one axis, literally as the issue states them."""
+    g, ip = i % d, i // d
+    lg = length // d + (1 if g < length % d else 0)
+    if window == "shifted":
+        if causal:
+            c = min((ip // s) * s + s - 1, lg - 1)
+            keys = range(max(c - k + 1, 0), ip + 1)
+        else:
+            c = min((ip // s) * s + s // 2, lg - 1)
+            start = min(max(c - k // 2, 0), lg - k)
+            keys = range(start, start + k)
+    else:
+        if causal:
+            keys = range(max(ip - k + 1, 0), ip + 1)
+        else:
+            keys = [ip + j - k // 2 for j in range(k) if 0 <= ip + j - k // 2 < lg]
+    return [j * d + g for j in keys]
+
+
+def dense_mask(spatial, ks, dil, strd, causal, window):
+    mask = torch.ones(1, 1, dtype=torch.bool)
+    for a, length in enumerate(spatial):
+        m = torch.zeros(length, length, dtype=torch.bool)
+        for i in range(length):
+            m[i, axis_keys(length, ks[a], dil[a], strd[a], causal[a], window, i)] = True
+        mask = (mask[:, None, :, None] & m[None, :, None, :]).reshape(mask.shape[0] * length, -1)
+    return mask
+
+
+def oracle(q, k, v, ks, dil, strd, causal, scale, window):
+    """(out, lse) in float64 from a dense mask; differentiable."""
+    b, h = q.shape[:2]
+    hkv = k.shape[1]
+    mask = dense_mask(q.shape[2:-1], ks, dil, strd, causal, window).to(q.device)
+    qf = q.double().reshape(b, h, -1, q.shape[-1])
+    kf = k.double().reshape(b, hkv, -1, k.shape[-1]).repeat_interleave(h // hkv, 1)
+    vf = v.double().reshape(b, hkv, -1, v.shape[-1]).repeat_interleave(h // hkv, 1)
+    logits = (qf @ kf.transpose(-1, -2) * scale).masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(logits, -1)
+    out = torch.softmax(logits, -1) @ vf
+    return out.reshape(*q.shape[:-1], v.shape[-1]), lse.reshape(q.shape[:-1])
+
+
+# ---- random cases -------------------------------------------------------------------------------------
+
+MAX_LEN = {1: 20, 2: 8, 3: 5}
+
+
+@st.composite
+def na_cases(draw, dtypes=(torch.float32,), max_len=None):
+    ndim = draw(st.integers(1, 3))
+    window = draw(st.sampled_from(["shifted", "truncated"]))
+    limit = (max_len or MAX_LEN)[ndim]
+    ks, dil, strd, causal, spatial = [], [], [], [], []
+    for _ in range(ndim):
+        if window == "truncated":
+            k = draw(st.sampled_from([x for x in (3, 5) if x <= limit]))
+            s = 1
+        else:
+            k = draw(st.integers(2, min(5, limit)))
+            s = draw(st.integers(1, k))
+        d = draw(st.integers(1, max(1, min(3, limit // k))))
+        length = draw(st.integers(k * d, max(k * d, limit)))
+        ks.append(k), dil.append(d), strd.append(s), spatial.append(length)
+        causal.append(draw(st.booleans()))
+    return dict(
+        spatial=spatial, ks=ks, dil=dil, strd=strd, causal=causal, window=window,
+        batch=draw(st.integers(1, 2)), kv_heads=draw(st.integers(1, 2)), groups=draw(st.integers(1, 2)),
+        head_dim=draw(st.sampled_from([8, 12, 16, 24])), head_dim_v=draw(st.sampled_from([8, 16, 20])),
+        dtype=draw(st.sampled_from(dtypes)), strided=draw(st.booleans()), scale=draw(st.sampled_from([None, 0.3])),
+        with_lse_grad=draw(st.booleans()), seed=draw(st.integers(0, 2**16)),
+    )
+
+
+def _make(shape, dtype, strided, gen, device="cpu"):
+    """[B, H, *spatial, D]; strided: a heads-last tensor seen through a permuted view (no copy)."""
+    if strided:
+        b, h, *spatial, d = shape
+        base = torch.randn(b, *spatial, h, d, generator=gen).to(dtype).to(device)
+        nd = len(spatial)
+        return base.permute(0, nd + 1, *range(1, nd + 1), nd + 2)
+    return torch.randn(shape, generator=gen).to(dtype).to(device)
+
+
+def build(case, device="cpu"):
+    gen = torch.Generator().manual_seed(case["seed"])
+    b, hkv, grp = case["batch"], case["kv_heads"], case["groups"]
+    sp = case["spatial"]
+    q = _make((b, hkv * grp, *sp, case["head_dim"]), case["dtype"], case["strided"], gen, device)
+    k = _make((b, hkv, *sp, case["head_dim"]), case["dtype"], case["strided"], gen, device)
+    v = _make((b, hkv, *sp, case["head_dim_v"]), case["dtype"], case["strided"], gen, device)
+    grad_out = torch.randn(*q.shape[:-1], case["head_dim_v"], generator=gen).to(case["dtype"]).to(device)
+    grad_lse = torch.randn(q.shape[:-1], generator=gen).to(device) if case["with_lse_grad"] else None
+    return q, k, v, grad_out, grad_lse
+
+
+def run_fused(q, k, v, grad_out, grad_lse, case):
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    out, lse = fusedops.neighborhood_attention(
+        q, k, v, case["ks"], case["dil"], case["strd"], case["causal"], scale=case["scale"], window=case["window"],
+        return_lse=True,
+    )
+    loss = (out.float() * grad_out.float()).sum()
+    if grad_lse is not None:
+        loss = loss + (lse * grad_lse).sum()
+    return out, lse, torch.autograd.grad(loss, (q, k, v))
+
+
+def run_oracle(q, k, v, grad_out, grad_lse, case):
+    q, k, v = (t.detach().double().requires_grad_() for t in (q, k, v))
+    scale = case["scale"] if case["scale"] is not None else q.shape[-1] ** -0.5
+    out, lse = oracle(q, k, v, case["ks"], case["dil"], case["strd"], case["causal"], scale, case["window"])
+    loss = (out * grad_out.double()).sum()
+    if grad_lse is not None:
+        loss = loss + (lse * grad_lse.double()).sum()
+    return out, lse, torch.autograd.grad(loss, (q, k, v))
+
+
+def check_case(case, device="cpu"):
+    q, k, v, grad_out, grad_lse = build(case, device)
+    out, lse, grads = run_fused(q, k, v, grad_out, grad_lse, case)
+    ref_out, ref_lse, ref_grads = run_oracle(q, k, v, grad_out, grad_lse, case)
+    dtype = case["dtype"]
+    assert out.dtype == dtype and lse.dtype == torch.float32
+    assert_close("out", out, ref_out, dtype, 2.0)
+    assert_close("lse", lse, ref_lse, dtype, 1.0)
+    for name, g, r in zip(("dq", "dk", "dv"), grads, ref_grads):
+        assert g.dtype == dtype
+        assert_close(name, g, r, dtype, 4.0)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@given(case=na_cases(max_len={1: 16, 2: 7, 3: 4}))
+@settings(max_examples=10)
+def test_matches_dense_oracle(path, case):
+    with execution_path(path):
+        check_case(case)
+
+
+@given(case=na_cases(dtypes=DTYPES))
+@settings(max_examples=40)
+def test_reference_matches_dense_oracle_all_dtypes(case):
+    with execution_path("reference"):
+        check_case(case)
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+@given(case=na_cases(dtypes=(torch.float16, torch.bfloat16), max_len={1: 12, 2: 6, 3: 4}))
+@settings(max_examples=3)
+def test_kernels_half_precision(path, case):
+    with execution_path(path):
+        check_case(case)
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+@pytest.mark.parametrize("ndim", [1, 2, 3])
+def test_kernels_many_tiles_small_budget(path, ndim):
+    """A tiny on-chip budget forces several query and key tiles per axis: the tile walk and the
+    exact skip test of the backward are exercised, not only one-tile problems."""
+    spatial = {1: [23], 2: [9, 7], 3: [4, 5, 4]}[ndim]
+    case = dict(
+        spatial=spatial, ks={1: [5], 2: [3, 4], 3: [2, 3, 2]}[ndim], dil={1: [2], 2: [1, 1], 3: [2, 1, 1]}[ndim],
+        strd={1: [2], 2: [1, 2], 3: [1, 2, 2]}[ndim], causal={1: [False], 2: [False, True], 3: [True, False, False]}[ndim],
+        window="shifted", batch=1, kv_heads=1, groups=2, head_dim=8, head_dim_v=8, dtype=torch.float32,
+        strided=True, scale=None, with_lse_grad=True, seed=ndim,
+    )
+    with execution_path(path, onchip_bytes=12 * 1024):
+        target = cuda_target(interpreted=True) if path == "cuda" else ascend_target(interpreted=True)
+        plan = make_plan(target, [1] * (3 - ndim) + spatial, [1] * (3 - ndim) + case["dil"], 8, 8, torch.float32,
+                         ndim, backward=True)
+        assert plan.block_m < math.prod(spatial) and plan.block_n < math.prod(spatial)
+        check_case(case)
+
+
+# ---- the formulas pinned by hand: border rows of every mode ---------------------------------------------
+
+# (length, kernel, dilation, stride, causal, window) -> {query: expected keys}
+HAND = [
+    ((7, 3, 1, 1, False, "shifted"), {0: [0, 1, 2], 1: [0, 1, 2], 3: [2, 3, 4], 5: [4, 5, 6], 6: [4, 5, 6]}),
+    ((7, 3, 1, 1, False, "truncated"), {0: [0, 1], 1: [0, 1, 2], 3: [2, 3, 4], 6: [5, 6]}),
+    ((7, 3, 1, 1, True, "shifted"), {0: [0], 1: [0, 1], 2: [0, 1, 2], 6: [4, 5, 6]}),
+    ((7, 3, 1, 1, True, "truncated"), {0: [0], 1: [0, 1], 6: [4, 5, 6]}),
+    ((8, 4, 1, 1, False, "shifted"), {0: [0, 1, 2, 3], 2: [0, 1, 2, 3], 3: [1, 2, 3, 4], 7: [4, 5, 6, 7]}),
+    # dilation 2 on 7: group 0 = 0,2,4,6 (L_g 4), group 1 = 1,3,5 (L_g 3)
+    ((7, 3, 2, 1, False, "shifted"), {0: [0, 2, 4], 1: [1, 3, 5], 4: [2, 4, 6], 5: [1, 3, 5], 6: [2, 4, 6]}),
+    ((7, 3, 2, 1, False, "truncated"), {0: [0, 2], 1: [1, 3], 3: [1, 3, 5], 5: [3, 5], 6: [4, 6]}),
+    ((7, 3, 2, 1, True, "shifted"), {1: [1], 3: [1, 3], 6: [2, 4, 6]}),
+    # stride 2: queries of one stride group share a window (leader (i'//2)*2 + 1)
+    ((8, 3, 1, 2, False, "shifted"), {0: [0, 1, 2], 1: [0, 1, 2], 2: [2, 3, 4], 3: [2, 3, 4], 6: [5, 6, 7],
+                                      7: [5, 6, 7]}),
+    ((8, 3, 1, 2, True, "shifted"), {0: [0], 1: [0, 1], 2: [1, 2], 3: [1, 2, 3], 6: [5, 6], 7: [5, 6, 7]}),
+    # stride 3 with the leader clamped at the end: i' = 6, 7 -> leader min(7, 7) = 7
+    ((8, 3, 1, 3, False, "shifted"), {0: [0, 1, 2], 2: [0, 1, 2], 3: [3, 4, 5], 5: [3, 4, 5], 6: [5, 6, 7],
+                                      7: [5, 6, 7]}),
+]
+
+
+@pytest.mark.parametrize("spec,expected", HAND, ids=[f"L{h[0][0]}k{h[0][1]}d{h[0][2]}s{h[0][3]}"
+                                                        f"{'c' if h[0][4] else ''}-{h[0][5]}" for h in HAND])
+def test_hand_neighbor_lists_oracle_and_reference(spec, expected):
+    length, k, d, s, causal, window = spec
+    idx, valid = reference.axis_neighbors(length, k, d, s, causal, window)
+    for i, keys in expected.items():
+        assert axis_keys(length, k, d, s, causal, window, i) == keys
+        assert idx[i][valid[i]].tolist() == keys
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_hand_neighbor_lists_through_the_op(path):
+    """q = 0 makes every neighbour weigh the same; v = identity reads the neighbour set off the output."""
+    for (length, k, d, s, causal, window), expected in HAND:
+        q = torch.zeros(1, 1, length, 8)
+        v = torch.eye(length, 8)[None, None]
+        out = fusedops.neighborhood_attention(q, q.clone(), v, k, d, s, causal, window=window)
+        for i, keys in expected.items():
+            row = out[0, 0, i]
+            got = torch.nonzero(row > 1e-6).flatten().tolist()
+            assert got == keys, (length, k, d, s, causal, window, i, got)
+            torch.testing.assert_close(row[keys], torch.full((len(keys),), 1.0 / len(keys)))
+
+
+def test_2d_neighborhood_is_the_product_of_axes():
+    q = torch.zeros(1, 1, 4, 6, 8)
+    v = torch.eye(24)[None, None].reshape(1, 1, 4, 6, 24)[..., :24]
+    out = fusedops.neighborhood_attention(q, q.clone(), v[..., :24], [2, 3], 1, 1, [True, False])
+    # query (row 2, col 0): rows causal k=2 -> {1, 2}; cols shifted k=3 -> {0, 1, 2}
+    got = torch.nonzero(out[0, 0, 2, 0] > 1e-6).flatten().tolist()
+    assert got == [r * 6 + c for r in (1, 2) for c in (0, 1, 2)]
+
+
+# ---- layouts, determinism, memory ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+def test_backward_is_bitwise_deterministic(path):
+    case = dict(spatial=[6, 5], ks=[3, 3], dil=[1, 1], strd=[1, 1], causal=[False, False], window="shifted",
+                batch=1, kv_heads=1, groups=3, head_dim=16, head_dim_v=16, dtype=torch.bfloat16, strided=False,
+                scale=None, with_lse_grad=False, seed=7)
+    q, k, v, grad_out, grad_lse = build(case)
+    with execution_path(path):
+        runs = [run_fused(q, k, v, grad_out, grad_lse, case)[2] for _ in range(2)]
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+def test_heads_last_views_are_read_in_place(path):
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CopyWatch(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.copies = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = str(func)
+            if any(x in name for x in ("copy", "clone", "contiguous", "_to_copy")):
+                self.copies.append(name)
+            return func(*args, **(kwargs or {}))
+
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (_make((1, 2, 9, 16), torch.float32, True, gen) for _ in range(3))
+    assert not q.is_contiguous()
+    with execution_path(path), CopyWatch() as watch:
+        out, lse = torch.ops.fusedops.neighborhood_attention(q, k, v, [3], [1], [1], [False], None, "shifted")
+        torch.ops.fusedops.neighborhood_attention_backward(out, None, q, k, v, out, lse, [3], [1], [1], [False],
+                                                           None, "shifted")
+    assert watch.copies == []
+
+
+def test_reference_never_builds_a_dense_mask():
+    """The reference's working set is O(S x kernel): a 1-D problem with S = 2**15 runs in chunks."""
+    q = torch.randn(1, 1, 2**15, 8)
+    out = fusedops.neighborhood_attention(q, q, q, 3)
+    assert out.shape == q.shape
+
+
+# ---- registration: opcheck, compile, export -------------------------------------------------------------
+
+def opcheck_samples():
+    gen = torch.Generator().manual_seed(4)
+    yield (torch.randn(1, 2, 7, 8, generator=gen), torch.randn(1, 1, 7, 8, generator=gen),
+           torch.randn(1, 1, 7, 16, generator=gen), [3], [2], [1], [False], None, "shifted")
+    yield (torch.randn(1, 1, 4, 5, 8, generator=gen).bfloat16(), torch.randn(1, 1, 4, 5, 8, generator=gen).bfloat16(),
+           torch.randn(1, 1, 4, 5, 8, generator=gen).bfloat16(), [3, 3], [1, 1], [1, 1], [True, False], 0.5,
+           "truncated")
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_opcheck(path):
+    with execution_path(path), opaque_triton_ops():
+        for args in opcheck_samples():
+            q, k, v = (t.requires_grad_() for t in args[:3])
+            torch.library.opcheck(torch.ops.fusedops.neighborhood_attention.default, (q, k, v, *args[3:]))
+            with torch.no_grad():
+                out, lse = torch.ops.fusedops.neighborhood_attention(*args)
+            grad_out = torch.randn_like(out)
+            for grad_lse in (None, torch.randn_like(lse)):
+                torch.library.opcheck(
+                    torch.ops.fusedops.neighborhood_attention_backward.default,
+                    (grad_out, grad_lse, q.detach(), k.detach(), v.detach(), out, lse, *args[3:]),
+                )
+
+
+class TinyModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = fusedops.nn.NeighborhoodAttention2d(16, 2, kernel_size=3, dilation=(1, 2), is_causal=(False, True))
+
+    def forward(self, x):
+        return torch.tanh(self.attn(x)).sum(-1)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_compile_fullgraph_matches_eager(path):
+    torch.manual_seed(5)
+    model, x = TinyModel(), torch.randn(1, 5, 7, 16)
+    with execution_path(path), opaque_triton_ops():
+        eager = model(x)
+        eager.sum().backward()
+        eager_grads = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+        torch._dynamo.reset()
+        compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+        out = compiled(x)
+        out.sum().backward()
+    torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-6)
+    for p, g in zip(model.parameters(), eager_grads):
+        torch.testing.assert_close(p.grad, g, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_export_round_trip(path):
+    torch.manual_seed(6)
+    model, x = TinyModel().eval(), torch.randn(1, 5, 7, 16)
+    with execution_path(path), opaque_triton_ops():
+        program = torch.export.export(model, (x,))
+        assert any("fusedops.neighborhood_attention" in str(node.target) for node in program.graph.nodes)
+        buffer = io.BytesIO()
+        torch.export.save(program, buffer)
+        buffer.seek(0)
+        reloaded = torch.export.load(buffer)
+        torch.testing.assert_close(reloaded.module()(x), model(x), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("cls,shape", [("NeighborhoodAttention1d", (2, 9, 16)), ("NeighborhoodAttention2d", (1, 5, 6, 16)),
+                                       ("NeighborhoodAttention3d", (1, 3, 4, 5, 16))])
+def test_modules_match_functional(cls, shape):
+    torch.manual_seed(8)
+    module = getattr(fusedops.nn, cls)(16, 2, kernel_size=3, stride=1, qkv_bias=False)
+    x = torch.randn(shape, requires_grad=True)
+    out = module(x)
+    assert out.shape == x.shape
+    nd = len(shape) - 2
+    qkv = module.qkv(x).reshape(*shape[:-1], 3, 2, 8)
+    q, k, v = (qkv[..., i, :, :].movedim(-2, 1) for i in range(3))
+    ref = oracle(q, k, v, [3] * nd, [1] * nd, [1] * nd, [False] * nd, 8**-0.5, "shifted")[0]
+    ref = module.proj(ref.movedim(1, -2).reshape(shape).float())
+    torch.testing.assert_close(out, ref.float(), rtol=1e-4, atol=1e-5)
+    out.sum().backward()
+    assert x.grad is not None and module.qkv.weight.grad is not None
+
+
+# ---- bad input: ValueError naming the argument ------------------------------------------------------------
+
+def _good():
+    return torch.randn(1, 2, 9, 8), torch.randn(1, 2, 9, 8), torch.randn(1, 2, 9, 8)
+
+
+BAD_INPUTS = {
+    "kernel_size_lt_2": (lambda q, k, v: dict(q=q, k=k, v=v, kernel_size=1), "kernel_size"),
+    "kernel_times_dilation_gt_len": (lambda q, k, v: dict(q=q, k=k, v=v, kernel_size=5, dilation=2), "dilation"),
+    "truncated_even_kernel": (lambda q, k, v: dict(q=q, k=k, v=v, kernel_size=4, window="truncated"), "kernel_size"),
+    "truncated_stride": (lambda q, k, v: dict(q=q, k=k, v=v, kernel_size=3, stride=2, window="truncated"), "stride"),
+    "stride_gt_kernel": (lambda q, k, v: dict(q=q, k=k, v=v, kernel_size=3, stride=4), "stride"),
+    "batch_mismatch": (lambda q, k, v: dict(q=q, k=torch.randn(2, 2, 9, 8), v=v, kernel_size=3), "k"),
+    "spatial_mismatch": (lambda q, k, v: dict(q=q, k=k, v=torch.randn(1, 2, 8, 8), kernel_size=3), "v"),
+    "head_dim_mismatch": (lambda q, k, v: dict(q=q, k=torch.randn(1, 2, 9, 16), v=v, kernel_size=3), "k"),
+    "heads_not_divisible": (lambda q, k, v: dict(q=torch.randn(1, 3, 9, 8), k=k, v=v, kernel_size=3), "heads"),
+    "rank_3": (lambda q, k, v: dict(q=q[0], k=k[0], v=v[0], kernel_size=3), "q"),
+    "rank_7": (lambda q, k, v: dict(q=torch.randn(1, 1, 2, 2, 2, 2, 8), k=k, v=v, kernel_size=2), "q"),
+    "int_dtype": (lambda q, k, v: dict(q=q, k=k.to(torch.int32), v=v, kernel_size=3), "k"),
+    "float64": (lambda q, k, v: dict(q=q.double(), k=k, v=v, kernel_size=3), "q"),
+    "mixed_devices": (lambda q, k, v: dict(q=q, k=k, v=v.to("meta"), kernel_size=3), "v"),
+    "scale_zero": (lambda q, k, v: dict(q=q, k=k, v=v, kernel_size=3, scale=0.0), "scale"),
+    "scale_negative": (lambda q, k, v: dict(q=q, k=k, v=v, kernel_size=3, scale=-1.0), "scale"),
+    "bad_window": (lambda q, k, v: dict(q=q, k=k, v=v, kernel_size=3, window="centered"), "window"),
+    "kernel_size_wrong_axes": (lambda q, k, v: dict(q=q, k=k, v=v, kernel_size=(3, 3)), "kernel_size"),
+    "is_causal_not_bool": (lambda q, k, v: dict(q=q, k=k, v=v, kernel_size=3, is_causal=[2]), "is_causal"),
+    "head_dim_too_small": (lambda q, k, v: dict(q=q[..., :4], k=k[..., :4], v=v, kernel_size=3), "head dim"),
+    "last_dim_strided": (lambda q, k, v: dict(q=torch.randn(1, 2, 9, 16)[..., ::2], k=k, v=v, kernel_size=3), "q"),
+}
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_names_argument(path, case):
+    make, name = BAD_INPUTS[case]
+    kwargs = make(*_good())
+    with execution_path(path), pytest.raises(ValueError, match=name):
+        fusedops.neighborhood_attention(**kwargs)
+
+
+def test_bad_input_op_level_and_backward():
+    q = torch.randn(1, 2, 9, 8)
+    with pytest.raises(ValueError, match="kernel_size"):
+        torch.ops.fusedops.neighborhood_attention(q, q, q, [1], [1], [1], [False], None, "shifted")
+    out, lse = torch.ops.fusedops.neighborhood_attention(q, q, q, [3], [1], [1], [False], None, "shifted")
+    with pytest.raises(ValueError, match="grad_out"):
+        torch.ops.fusedops.neighborhood_attention_backward(out[:, :1], None, q, q, q, out, lse, [3], [1], [1],
+                                                           [False], None, "shifted")
+
+
+def test_module_validates_dim():
+    with pytest.raises(ValueError, match="dim"):
+        fusedops.nn.NeighborhoodAttention1d(10, 3, 3)
+
+
+def test_ascend_plan_respects_budget_and_grid():
+    target = ascend_target(interpreted=True)
+    plan = make_plan(target, [1, 1, 16384], [1, 1, 1], 128, 128, torch.bfloat16, 1, backward=True)
+    from fusedops.neighborhood_attention.plan import _footprint
+    assert _footprint(plan.block_m, plan.block_n, plan.block_d, plan.block_dv, True) <= target.onchip_bytes
+    from fusedops.neighborhood_attention.plan import grid
+    assert grid(target, 10**7) <= min(target.max_grid, target.matrix_cores * target.resident)
+
+
+# ---- real kernels on a GPU ------------------------------------------------------------------------------
+
+GPU_CASES = [
+    # (spatial, kernel, dilation, stride, causal, window, B, H, Hkv, D)
+    ((4096,), (7,), (1,), (1,), (False,), "truncated", 2, 4, 4, 64),
+    ((2048,), (33,), (2,), (4,), (False,), "shifted", 1, 4, 2, 128),
+    ((4096,), (129,), (1,), (1,), (True,), "shifted", 1, 2, 1, 64),
+    ((64, 64), (7, 7), (1, 1), (1, 1), (False, False), "shifted", 1, 4, 4, 64),
+    ((48, 40), (13, 9), (2, 1), (2, 3), (False, True), "shifted", 1, 2, 2, 96),
+    ((16, 32, 32), (7, 7, 7), (1, 1, 1), (1, 1, 1), (False, False, False), "shifted", 1, 2, 2, 64),
+    ((12, 20, 18), (3, 5, 3), (2, 1, 3), (1, 5, 2), (True, False, False), "shifted", 1, 2, 1, 40),
+]
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", GPU_CASES, ids=[str(c[0]) + str(c[1]) for c in GPU_CASES])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gpu_real_sizes(spec, dtype):
+    spatial, ks, dil, strd, causal, window, b, h, hkv, d = spec
+    case = dict(spatial=list(spatial), ks=list(ks), dil=list(dil), strd=list(strd), causal=list(causal),
+                window=window, batch=b, kv_heads=hkv, groups=h // hkv, head_dim=d, head_dim_v=d, dtype=dtype,
+                strided=True, scale=None, with_lse_grad=True, seed=11)
+    q, k, v, grad_out, grad_lse = build(case, "cuda")
+    out, lse, grads = run_fused(q, k, v, grad_out, grad_lse, case)
+    # the memory-frugal reference (fp32) on the same device as the yardstick
+    qr, kr, vr = (t.detach().float().requires_grad_() for t in (q, k, v))
+    rout, rlse = reference.neighborhood_attention(qr, kr, vr, case["ks"], case["dil"], case["strd"], case["causal"],
+                                                  d**-0.5, window)
+    rgrads = reference.neighborhood_attention_backward(grad_out.float(), grad_lse, qr, kr, vr, rout, rlse,
+                                                       case["ks"], case["dil"], case["strd"], case["causal"],
+                                                       d**-0.5, window)
+    assert_close("out", out, rout, dtype, 2.0)
+    assert_close("lse", lse, rlse, dtype, 1.0)
+    for name, g, r in zip(("dq", "dk", "dv"), grads, rgrads):
+        assert_close(name, g, r, dtype, 4.0)
+    again = run_fused(q, k, v, grad_out, grad_lse, case)[2]
+    assert all(torch.equal(a, b) for a, b in zip(grads, again))
+
+
+@gpu
+@pytest.mark.gpu
+@given(case=na_cases(dtypes=DTYPES, max_len={1: 300, 2: 40, 3: 14}))
+@settings(max_examples=60)
+def test_gpu_matches_dense_oracle(case):
+    check_case(case, "cuda")
+
