@@ -8,9 +8,10 @@ interpreter when FUSEDOPS_INTERPRET=cuda|ascend and TRITON_INTERPRET=1 are set.
 from fusedops import nn, npu
 from fusedops.attn_res import attn_res
 from fusedops.embedding import embedding
+from fusedops.neighborhood_attention import neighborhood_attention
 from fusedops.registry import op_names
 
 __version__ = "0.1.0"
-__all__ = ["attn_res", "embedding", "nn", "op_names"]
+__all__ = ["attn_res", "embedding", "nn", "op_names", "neighborhood_attention"]
 
 npu.register()

@@ -2,5 +2,10 @@
 
 from fusedops.attn_res.module import AttnRes
 from fusedops.embedding.module import Embedding
+from fusedops.neighborhood_attention.module import (  # noqa: F401
+    NeighborhoodAttention1d,
+    NeighborhoodAttention2d,
+    NeighborhoodAttention3d,
+)
 
-__all__ = ["AttnRes", "Embedding"]
+__all__ = ["AttnRes", "Embedding", "NeighborhoodAttention1d", "NeighborhoodAttention2d", "NeighborhoodAttention3d"]
