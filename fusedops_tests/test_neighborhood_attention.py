@@ -467,6 +467,8 @@ GPU_CASES = [
 @pytest.mark.parametrize("spec", GPU_CASES, ids=[str(c[0]) + str(c[1]) for c in GPU_CASES])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_gpu_real_sizes(spec, dtype):
+    if dtype == torch.float32 and spec[0] not in ((2048,), (48, 40), (12, 20, 18)):
+        pytest.skip("fp32 on the odd-shaped cases only (keeps the GPU stage short)")
     spatial, ks, dil, strd, causal, window, b, h, hkv, d = spec
     case = dict(spatial=list(spatial), ks=list(ks), dil=list(dil), strd=list(strd), causal=list(causal),
                 window=window, batch=b, kv_heads=hkv, groups=h // hkv, head_dim=d, head_dim_v=d, dtype=dtype,
@@ -491,7 +493,7 @@ def test_gpu_real_sizes(spec, dtype):
 @gpu
 @pytest.mark.gpu
 @given(case=na_cases(dtypes=DTYPES, max_len={1: 300, 2: 40, 3: 14}))
-@settings(max_examples=60)
+@settings(max_examples=12)
 def test_gpu_matches_dense_oracle(case):
     check_case(case, "cuda")
 

@@ -1,0 +1,182 @@
+"""neighborhood_attention benchmark: fusedops vs FlexAttention (compiled, neighbourhood mask_mod), SDPA full
+attention and Liger-Kernel 0.8.5's fused neighborhood attention (1-D, S <= 4096). Cases from issue #3.
+
+Every provider runs the same shifted (NATTEN) window except Liger, whose window is the truncated one
+(same work per query away from the borders). TFLOP/s counts the useful work only:
+forward 4 * B * H * tokens * window * D, forward+backward 3.5x that.
+
+    python -m bench.neighborhood_attention [--quick] [--sweep]     (also: python -m bench neighborhood_attention)
+--sweep adds fusedops rows for alternative tile boxes (FUSEDOPS_NA_TILES) to tune the CUDA plan.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from bench.common import Context, error_row, measure, optional_import
+
+OP = "neighborhood_attention"
+# (B, H, spatial, D, kernel)
+CASES = [
+    (2, 12, (4096,), 64, (7,)),
+    (2, 16, (8192,), 128, (33,)),
+    (1, 8, (16384,), 64, (129,)),
+    (1, 16, (64, 64), 64, (7, 7)),
+    (1, 24, (128, 128), 128, (13, 13)),
+    (1, 16, (16, 32, 32), 64, (7, 7, 7)),
+]
+CPU_CASES = [(1, 2, (256,), 32, (7,)), (1, 2, (16, 16), 32, (5, 5))]
+QUICK = {"cpu": [CPU_CASES[0]], "gpu": [CASES[0], CASES[3]]}
+SWEEP = {
+    1: ["1,1,64/1,1,32", "1,1,128/1,1,64", "1,1,128/1,1,32/8", "1,1,128/1,1,128/8", "1,1,64/1,1,64/8"],
+    2: ["1,8,8/1,8,8", "1,8,16/1,8,16/8", "1,8,8/1,16,16/8", "1,16,8/1,16,16/8"],
+    3: ["4,4,4/4,4,8", "2,8,8/2,8,8/8", "4,4,8/4,4,8/4", "2,4,8/4,4,8"],
+}
+
+
+def case_label(case) -> str:
+    b, h, spatial, d, kernel = case
+    return f"B{b} H{h} {'x'.join(map(str, spatial))} D{d} k{'x'.join(map(str, kernel))}"
+
+
+def shifted_mask_mod(spatial, kernel):
+    """FlexAttention mask_mod of the shifted (NATTEN) window, stride 1, dilation 1, over flattened tokens."""
+    def coords(idx):
+        out = []
+        for length in reversed(spatial):
+            out.append(idx % length)
+            idx = idx // length
+        return out[::-1]
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        ok = None
+        for qi, ki, length, k in zip(coords(q_idx), coords(kv_idx), spatial, kernel):
+            lo = torch.clamp(qi - k // 2, 0, length - k)
+            inside = (ki >= lo) & (ki < lo + k)
+            ok = inside if ok is None else ok & inside
+        return ok
+
+    return mask_mod
+
+
+def make_inputs(ctx: Context, case):
+    b, h, spatial, d, _ = case
+    gen = torch.Generator(device=ctx.device).manual_seed(0)
+    shape = (b, h, *spatial, d)
+    q, k, v = (torch.randn(shape, device=ctx.device, dtype=ctx.dtype, generator=gen).requires_grad_() for _ in range(3))
+    return q, k, v
+
+
+def providers(ctx: Context, case, sweep: bool):
+    import fusedops
+
+    b, h, spatial, d, kernel = case
+    ndim = len(spatial)
+
+    def fused(q, k, v):
+        return fusedops.neighborhood_attention(q, k, v, list(kernel))
+
+    yield "fusedops", fused, lambda t: t
+    if sweep and ctx.device.type == "cuda":
+        for tiles in SWEEP[ndim]:
+            def swept(q, k, v, tiles=tiles):
+                old = os.environ.get("FUSEDOPS_NA_TILES")
+                os.environ["FUSEDOPS_NA_TILES"] = tiles
+                try:
+                    return fusedops.neighborhood_attention(q, k, v, list(kernel))
+                finally:
+                    if old is None:
+                        os.environ.pop("FUSEDOPS_NA_TILES", None)
+                    else:
+                        os.environ["FUSEDOPS_NA_TILES"] = old
+
+            yield f"fusedops[{tiles}]", swept, lambda t: t
+
+    flat = lambda t: t.flatten(2, -2)  # noqa: E731  [B, H, S, D]
+    if ctx.device.type == "cuda":
+        def flex_factory():
+            fa = optional_import("torch.nn.attention.flex_attention")
+            tokens = math.prod(spatial)
+            block_mask = fa.create_block_mask(shifted_mask_mod(spatial, kernel), None, None, tokens, tokens,
+                                              device=ctx.device, _compile=True)
+            compiled = torch.compile(fa.flex_attention)
+            return lambda q, k, v: compiled(q, k, v, block_mask=block_mask)
+
+        yield "flex", flex_factory, flat
+    yield "sdpa(full)", lambda q, k, v: F.scaled_dot_product_attention(q, k, v), flat
+    if ndim == 1 and spatial[0] <= 4096:
+        def liger(q, k, v):
+            mod = optional_import("liger_kernel.ops.fused_neighborhood_attention")
+            return mod.LigerFusedNeighborhoodAttentionFunction.apply(q, k, v, kernel[0], 1, None)
+
+        yield "liger(truncated)", liger, lambda t: t
+
+
+def run(ctx: Context, sweep: bool = False, all_cases: bool = False, stream: bool = False) -> list[dict]:
+    cpu = ctx.device.type == "cpu"
+    cases = ctx.select(CPU_CASES if cpu and not ctx.sizes else CASES, quick=QUICK["cpu" if cpu else "gpu"])
+    if all_cases:
+        cases = CPU_CASES if cpu else CASES
+    rows = []
+    for case in cases:
+        b, h, spatial, d, kernel = case
+        label = case_label(case)
+        fwd_flops = 4.0 * b * h * math.prod(spatial) * math.prod(kernel) * d
+        flops = {"fwd": fwd_flops, "fwd+bwd": 3.5 * fwd_flops}
+        q, k, v = make_inputs(ctx, case)
+        grad_out = torch.randn_like(q)
+        for name, fn, view in providers(ctx, case, sweep):
+            try:
+                if name == "flex":
+                    fn = fn()
+                qv, kv, vv = (view(t) for t in (q, k, v))
+                go = view(grad_out)
+
+                def fwd(fn=fn, qv=qv, kv=kv, vv=vv):
+                    with torch.no_grad():
+                        return fn(qv, kv, vv)
+
+                def fwd_bwd(fn=fn, qv=qv, kv=kv, vv=vv, go=go):
+                    return torch.autograd.grad(fn(qv, kv, vv), (q, k, v), go)
+
+                fwd_bwd()  # compile / warm up outside the timed region
+            except Exception as e:  # noqa: BLE001
+                rows += [error_row(OP, label, name, m, e) for m in ("fwd", "fwd+bwd")]
+                ctx.empty_cache()
+                continue
+            rows.append(measure(ctx, OP, label, name, "fwd", fwd, flops=flops["fwd"]))
+            rows.append(measure(ctx, OP, label, name, "fwd+bwd", fwd_bwd, flops=flops["fwd+bwd"]))
+            if stream:
+                print(_table(rows[-2:]).split("\n", 1)[1], flush=True)
+            ctx.empty_cache()
+        del q, k, v, grad_out
+        ctx.empty_cache()
+    return rows
+
+
+def _table(rows) -> str:
+    lines = [f"{'case':34s} {'provider':28s} {'mode':8s} {'ms':>9s} {'TFLOP/s':>8s} {'peak MB':>9s}"]
+    for r in rows:
+        if r.get("error"):
+            lines.append(f"{r['case']:34s} {r['provider']:28s} {r['mode']:8s} error: {r['error'][:80]}")
+            continue
+        peak = r.get("peak_mb")
+        lines.append(f"{r['case']:34s} {r['provider']:28s} {r['mode']:8s} {r['ms']:9.3f} {r.get('tflops', 0):8.2f} "
+                     f"{peak if peak is None else round(peak, 1)!s:>9s}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    from bench.common import DTYPES, detect_device
+
+    args = sys.argv[1:]
+    device = detect_device()
+    ctx = Context(device=device, dtype=DTYPES["bf16"] if device.type != "cpu" else torch.float32,
+                  quick="--quick" in args or "--fast" in args, verbose=False)
+    result = run(ctx, sweep="--sweep" in args, all_cases="--fast" in args, stream="--stream" in args)
+    print(_table(result))
