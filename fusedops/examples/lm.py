@@ -1,0 +1,347 @@
+"""A small causal language model built from fusedops ops, trained under torch.compile(fullgraph=True).
+
+    python -m fusedops.examples.lm                 # CPU by default (the GPU when there is one)
+    python -m fusedops.examples.lm --steps 50 --out /tmp/lm
+
+The model:
+- `fusedops.nn.Embedding` for the tokens; the output head is tied to it.
+- Block Attention Residuals (Kimi, "Attention Residuals", 2025) instead of the plain residual stream:
+  the sublayers are grouped into blocks; the input of every sublayer (and of the final norm) is a
+  softmax-over-depth mix, `fusedops.nn.AttnRes`, of its sources stacked as [N, B, T, D]: the token
+  embedding, the sum of each completed block's sublayer outputs, and the running partial sum of the
+  current block. Each mixing site has its own pseudo-query, initialised to zero (so a fresh model
+  averages its sources uniformly).
+- Causal sliding-window attention: `fusedops.neighborhood_attention(q, k, v, window, is_causal=True)`
+  over [B, H, T, D] (query t sees keys t-window+1 .. t), with rotary position embeddings.
+- A GELU MLP.
+
+The data is generated: a fixed random "language" in which the next token is, with probability
+`1 - noise`, a function of the two tokens before it, else uniform noise. The loss falls from
+ln(vocab) towards the noise floor; the floor is printed.
+
+After training, the model is exported with torch.export, saved and loaded back
+(torch.export.save/load), and the loaded program's logits are checked against the eager model's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+import fusedops
+from fusedops.registry import opaque_triton_ops
+
+
+@dataclass
+class Config:
+    vocab: int = 128
+    dim: int = 64
+    heads: int = 2
+    layers: int = 4  # each layer is two sublayers: attention, MLP
+    block_layers: int = 2  # layers per AttnRes block
+    window: int = 8  # causal attention window (keys t-window+1 .. t)
+    mlp_ratio: int = 4
+    seq: int = 64
+    batch: int = 16
+    steps: int = 200
+    lr: float = 3e-3
+    period: int = 6  # the generated text repeats with this period (must be <= window)
+    noise: float = 0.05  # probability that a token is random
+    seed: int = 0
+
+
+# ---- data ----------------------------------------------------------------------------------------------
+
+
+class SyntheticText:
+    """Token streams of a fixed random language with two kinds of structure:
+
+    - the first `period` tokens of a sequence follow a sparse Markov chain (each token has `fanout`
+      possible successors), learnable from the previous token alone;
+    - after that the sequence repeats itself: x[t] = x[t - period], learnable only by attending
+      `period - 1` positions back from the query (which the sliding window must cover);
+    - every token is replaced by a uniform random one with probability `noise`.
+
+    Deterministic for a seed."""
+
+    def __init__(self, vocab: int, period: int, noise: float, seed: int = 0, fanout: int = 4) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.vocab, self.period, self.noise, self.fanout = vocab, period, noise, fanout
+        self.successors = torch.randint(0, vocab, (vocab, fanout), generator=g)
+        self.gen = torch.Generator().manual_seed(seed + 1)
+
+    def batch(self, batch: int, seq: int) -> tuple[Tensor, Tensor]:
+        """(inputs, targets), each [batch, seq] int64, targets shifted by one."""
+        n, g = seq + 1, self.gen
+        x = torch.empty(batch, n, dtype=torch.long)
+        noisy = torch.rand(batch, n, generator=g) < self.noise
+        rand = torch.randint(0, self.vocab, (batch, n), generator=g)
+        pick = torch.randint(0, self.fanout, (batch, n), generator=g)
+        for t in range(n):
+            if t == 0:
+                nxt = rand[:, 0]
+            elif t < self.period:
+                nxt = self.successors[x[:, t - 1], pick[:, t]]
+            else:
+                nxt = x[:, t - self.period]
+            x[:, t] = torch.where(noisy[:, t], rand[:, t], nxt)
+        return x[:, :-1], x[:, 1:]
+
+    def loss_floor(self, seq: int) -> float:
+        """Expected cross-entropy (nats) per target of the best predictor: a lower bound for the loss."""
+        v, e = self.vocab, self.noise
+
+        def entropy(choices: int) -> float:  # choices equally likely outcomes, then the noise
+            p_in, p_out = (1 - e) / choices + e / v, e / v
+            out = -choices * p_in * math.log(p_in)
+            return out - (v - choices) * p_out * math.log(p_out) if e > 0 else out
+
+        chain = min(self.period - 1, seq)
+        return (chain * entropy(self.fanout) + (seq - chain) * entropy(1)) / seq
+
+
+# ---- model ---------------------------------------------------------------------------------------------
+
+
+def rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate pairs (x[..., :h], x[..., h:]) of x [B, H, T, D] by the position angles [T, D/2]."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+class SlidingWindowAttention(nn.Module):
+    """Causal multi-head attention over the last `window` positions, as 1D neighborhood attention."""
+
+    def __init__(self, cfg: Config) -> None:
+        super().__init__()
+        if cfg.dim % cfg.heads:
+            raise ValueError(f"dim {cfg.dim} must be divisible by heads {cfg.heads}")
+        self.heads, self.head_dim, self.window = cfg.heads, cfg.dim // cfg.heads, cfg.window
+        self.qkv = nn.Linear(cfg.dim, 3 * cfg.dim, bias=False)
+        self.proj = nn.Linear(cfg.dim, cfg.dim, bias=False)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        b, t, _ = x.shape
+        # [B, T, 3, H, Dh] -> three [B, H, T, Dh] views (heads-last memory, last dim contiguous)
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        q, k = rotary(q, cos, sin), rotary(k, cos, sin)
+        out = fusedops.neighborhood_attention(q, k, v, self.window, is_causal=True)
+        return self.proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: Config) -> None:
+        super().__init__()
+        self.up = nn.Linear(cfg.dim, cfg.mlp_ratio * cfg.dim, bias=False)
+        self.down = nn.Linear(cfg.mlp_ratio * cfg.dim, cfg.dim, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down(F.gelu(self.up(x)))
+
+
+class Sublayer(nn.Module):
+    """One residual branch: AttnRes over the sources, pre-norm, then attention or MLP."""
+
+    def __init__(self, cfg: Config, kind: str) -> None:
+        super().__init__()
+        self.mix = fusedops.nn.AttnRes(cfg.dim)  # zero-initialised pseudo-query
+        self.norm = nn.RMSNorm(cfg.dim)
+        self.kind = kind
+        self.body = SlidingWindowAttention(cfg) if kind == "attn" else MLP(cfg)
+
+    def forward(self, sources: list[Tensor], cos: Tensor, sin: Tensor) -> Tensor:
+        h = self.mix(torch.stack(sources))  # [N, B, T, D] -> [B, T, D]
+        h = self.norm(h)
+        return self.body(h, cos, sin) if self.kind == "attn" else self.body(h)
+
+
+class AttnResLM(nn.Module):
+    def __init__(self, cfg: Config) -> None:
+        super().__init__()
+        if cfg.layers % cfg.block_layers:
+            raise ValueError(f"layers {cfg.layers} must be a multiple of block_layers {cfg.block_layers}")
+        self.cfg = cfg
+        self.embed = fusedops.nn.Embedding(cfg.vocab, cfg.dim)
+        nn.init.normal_(self.embed.weight, std=0.02)
+        self.sublayers = nn.ModuleList(
+            Sublayer(cfg, kind) for _ in range(cfg.layers) for kind in ("attn", "mlp")
+        )
+        self.block_sublayers = 2 * cfg.block_layers
+        self.final_mix = fusedops.nn.AttnRes(cfg.dim)
+        self.final_norm = nn.RMSNorm(cfg.dim)
+        hd = cfg.dim // cfg.heads
+        inv_freq = 1.0 / (10000.0 ** (torch.arange(0, hd // 2, dtype=torch.float32) / (hd // 2)))
+        angles = torch.outer(torch.arange(cfg.seq, dtype=torch.float32), inv_freq)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+        for name, p in self.named_parameters():
+            if name.endswith("proj.weight") or name.endswith("down.weight"):
+                nn.init.normal_(p, std=0.02 / math.sqrt(2 * cfg.layers))
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        """tokens [B, T] -> logits [B, T, vocab]."""
+        t = tokens.shape[1]
+        cos, sin = self.cos[:t], self.sin[:t]
+        blocks = [self.embed(tokens)]  # the embedding, then each completed block's sum
+        partial: Optional[Tensor] = None  # running sum of the current block's sublayer outputs
+        for i, sub in enumerate(self.sublayers):
+            out = sub(blocks if partial is None else blocks + [partial], cos, sin)
+            partial = out if partial is None else partial + out
+            if (i + 1) % self.block_sublayers == 0:
+                blocks.append(partial)
+                partial = None
+        h = self.final_mix(torch.stack(blocks if partial is None else blocks + [partial]))
+        return self.final_norm(h) @ self.embed.weight.t()  # head tied to the embedding
+
+
+# ---- training, export ----------------------------------------------------------------------------------
+
+
+def pick_device(name: Optional[str] = None) -> torch.device:
+    if name:
+        return torch.device(name)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def graph_context(device: torch.device):
+    """The context for torch.compile and torch.export. On CPU the fusedops ops stay single opaque graph
+    nodes (`fusedops.registry.opaque_triton_ops`): their bodies there are the PyTorch reference, which
+    reads data (the embedding's bounds check), or Triton kernels under the interpreter, which cannot be
+    traced. On a GPU the compiler sees through the ops into their Triton kernels."""
+    return opaque_triton_ops() if device.type == "cpu" else contextlib.nullcontext()
+
+
+def compiled_loss(model: nn.Module, backend: str = "inductor"):
+    """The loss function compiled with fullgraph=True: a graph break raises instead of splitting."""
+
+    def loss_fn(x: Tensor, y: Tensor) -> Tensor:
+        logits = model(x)
+        return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+
+    return torch.compile(loss_fn, fullgraph=True, backend=backend)
+
+
+def train(
+    model: AttnResLM,
+    data: SyntheticText,
+    steps: int,
+    device: torch.device,
+    compile: bool = True,
+    backend: str = "inductor",
+    log_every: int = 10,
+    log=print,
+) -> list[float]:
+    cfg = model.cfg
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.95))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20))
+    loss_fn = compiled_loss(model, backend) if compile else (
+        lambda x, y: F.cross_entropy(model(x).flatten(0, 1).float(), y.flatten())
+    )
+    losses = []
+    t0 = time.perf_counter()
+    with graph_context(device):
+        for step in range(steps):
+            x, y = data.batch(cfg.batch, cfg.seq)
+            loss = loss_fn(x.to(device), y.to(device))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            losses.append(loss.item())
+            if log and (step % log_every == 0 or step == steps - 1):
+                log(f"step {step:4d}  loss {losses[-1]:.4f}  ({time.perf_counter() - t0:.1f} s)")
+    return losses
+
+
+def export_and_reload(model: nn.Module, example: Tensor, path: str):
+    """torch.export the model, save it to `path`, load it back; returns the loaded ExportedProgram."""
+    model.eval()
+    with graph_context(example.device), torch.no_grad():
+        ep = torch.export.export(model, (example,))
+    torch.export.save(ep, path)
+    return torch.export.load(path)
+
+
+def save_loss_plot(losses: list[float], path: str, floor: Optional[float] = None, title: str = "") -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception:  # noqa: BLE001
+        return False
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(losses, lw=1, label="training loss")
+    if floor is not None:
+        ax.axhline(floor, color="k", ls="--", lw=0.8, label=f"entropy floor {floor:.3f}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (nats)")
+    ax.set_title(title, fontsize=9)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    d = Config()
+    p = argparse.ArgumentParser(prog="python -m fusedops.examples.lm", description=__doc__.split("\n\n")[0])
+    for name, val in asdict(d).items():
+        p.add_argument(f"--{name.replace('_', '-')}", type=type(val), default=val)
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    p.add_argument("--no-compile", action="store_true", help="train eagerly (the default compiles, fullgraph)")
+    p.add_argument("--backend", default="inductor", help="torch.compile backend (inductor, aot_eager, ...)")
+    p.add_argument("--out", default="lm_example_out", help="directory for the loss curve and exported model")
+    args = p.parse_args(argv)
+    cfg = Config(**{k: getattr(args, k) for k in asdict(d)})
+    device = pick_device(args.device)
+    torch.manual_seed(cfg.seed)
+    os.makedirs(args.out, exist_ok=True)
+
+    data = SyntheticText(cfg.vocab, cfg.period, cfg.noise, cfg.seed)
+    model = AttnResLM(cfg).to(device)
+    nparams = sum(p.numel() for p in model.parameters())
+    print(f"AttnResLM: {nparams / 1e6:.2f} M parameters, {cfg.layers} layers in blocks of {cfg.block_layers}, "
+          f"window {cfg.window}, on {device}; loss starts near ln({cfg.vocab}) = {math.log(cfg.vocab):.3f}, "
+          f"best possible {data.loss_floor(cfg.seq):.3f}")
+    print(f"training under torch.compile(fullgraph=True, backend={args.backend!r})" if not args.no_compile
+          else "training eagerly")
+    losses = train(model, data, cfg.steps, device, compile=not args.no_compile, backend=args.backend)
+    k = max(1, min(10, len(losses) // 5))
+    first, last = sum(losses[:k]) / k, sum(losses[-k:]) / k
+    print(f"loss {first:.3f} -> {last:.3f} (mean of the first and last {k} steps)")
+
+    png = os.path.join(args.out, "loss.png")
+    if save_loss_plot(losses, png, data.loss_floor(cfg.seq), f"AttnResLM on {device}, {cfg.steps} steps"):
+        print(f"wrote {png}")
+
+    x, _ = data.batch(4, cfg.seq)
+    x = x.to(device)
+    pt2 = os.path.join(args.out, "lm.pt2")
+    loaded = export_and_reload(model, x, pt2)
+    with torch.no_grad():
+        ref = model(x)
+        got = loaded.module()(x)
+    err = (got - ref).abs().max().item()
+    print(f"exported to {pt2} and reloaded: max |logits - eager| = {err:.2e}")
+    ok = err <= 1e-4 * max(1.0, ref.abs().max().item()) and last < first
+    if not ok:
+        print("FAILED: " + ("export mismatch" if last < first else "loss did not fall"), file=sys.stderr)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""The example language model (fusedops.examples.lm) trains, compiles without graph breaks, and exports.
+
+One tiny model is trained once per session (module fixture) and shared by the tests, to stay within
+CI's time on a 2-core CPU. The compile backend is aot_eager: it runs dynamo with fullgraph=True (a
+graph break raises) and AOTAutograd (the fusedops backward ops in the joint graph) without inductor's
+C++ code generation, which alone takes minutes on the CI machine.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import fusedops
+from fusedops.examples import lm
+
+TINY = lm.Config(vocab=64, dim=32, heads=2, layers=2, block_layers=1, window=4, period=3, seq=32, batch=8,
+                 steps=20, lr=1e-2, noise=0.05, seed=0)
+
+
+@pytest.fixture(scope="module")
+def trained():
+    torch.manual_seed(TINY.seed)
+    torch._dynamo.reset()
+    data = lm.SyntheticText(TINY.vocab, TINY.period, TINY.noise, TINY.seed)
+    model = lm.AttnResLM(TINY)
+    losses = lm.train(model, data, TINY.steps, torch.device("cpu"), compile=True, backend="aot_eager", log=None)
+    return model, data, losses
+
+
+def test_model_uses_the_fusedops_modules():
+    model = lm.AttnResLM(TINY)
+    assert isinstance(model.embed, fusedops.nn.Embedding)
+    mixes = [m for m in model.modules() if isinstance(m, fusedops.nn.AttnRes)]
+    assert len(mixes) == 2 * TINY.layers + 1  # one per sublayer, one before the head
+    assert all(torch.count_nonzero(m.query) == 0 for m in mixes)  # zero-initialised pseudo-queries
+    # the head is tied to the embedding: no separate output matrix
+    assert not any(p.shape == model.embed.weight.shape for n, p in model.named_parameters() if n != "embed.weight")
+
+
+def test_block_sources_are_counted_as_in_the_paper():
+    """Sources of sublayer i (blocks of 2 sublayers): embedding + completed blocks + partial sum."""
+    cfg = lm.Config(vocab=32, dim=16, heads=2, layers=4, block_layers=1, window=4, seq=8)
+    model = lm.AttnResLM(cfg)
+    seen = []
+    for sub in list(model.sublayers) + [model.final_mix]:
+        mix = sub.mix if hasattr(sub, "mix") else sub
+        mix.register_forward_pre_hook(lambda m, args: seen.append(args[0].shape[0]))
+    model(torch.randint(0, 32, (2, 8)))
+    # block 1: [emb], [emb, partial]; block 2: [emb, b1], [emb, b1, partial]; ... final: [emb, b1..b4]
+    assert seen == [1, 2, 2, 3, 3, 4, 4, 5, 5]
+
+
+def test_loss_falls(trained):
+    _, data, losses = trained
+    assert len(losses) == TINY.steps and all(math.isfinite(x) for x in losses)
+    first, last = sum(losses[:3]) / 3, sum(losses[-3:]) / 3
+    assert last < first - 0.3, f"loss {first:.3f} -> {last:.3f}"
+    assert last > data.loss_floor(TINY.seq) - 0.05  # sanity: not below the entropy of the data
+
+
+def test_compiled_graph_has_no_break(trained):
+    """fullgraph=True already raised on a break during training; dynamo's explain counts them too."""
+    model, data, _ = trained
+    x, y = data.batch(2, TINY.seq)
+    torch._dynamo.reset()
+    with lm.graph_context(x.device):
+        explanation = torch._dynamo.explain(model)(x)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    assert explanation.graph_count == 1
+
+
+def test_export_reload_matches_eager(trained, tmp_path):
+    model, data, _ = trained
+    x, _ = data.batch(3, TINY.seq)
+    loaded = lm.export_and_reload(model, x, str(tmp_path / "lm.pt2"))
+    with torch.no_grad():
+        ref = model(x)
+        got = loaded.module()(x)
+        x2, _ = data.batch(3, TINY.seq)  # a fresh batch, not the one traced
+        torch.testing.assert_close(loaded.module()(x2), model(x2), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    names = {str(n.target) for n in loaded.graph.nodes if n.op == "call_function"}
+    assert any("fusedops" in n for n in names), "the exported program should call the fusedops ops"
+
+
+def test_synthetic_text_is_deterministic_and_shifted():
+    a = lm.SyntheticText(50, 4, 0.0, seed=3)
+    b = lm.SyntheticText(50, 4, 0.0, seed=3)
+    x, y = a.batch(2, 20)
+    x2, y2 = b.batch(2, 20)
+    assert torch.equal(x, x2) and torch.equal(y, y2)
+    assert torch.equal(x[:, 1:], y[:, :-1])
+    full = torch.cat([x, y[:, -1:]], dim=1)
+    assert torch.equal(full[:, 4:], full[:, :-4])  # without noise the text repeats with the period
