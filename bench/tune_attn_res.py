@@ -28,25 +28,26 @@ def main() -> None:
         w = torch.rand(dim, device=dev) + 0.5
         g = torch.randn(tokens, dim, device=dev, dtype=torch.bfloat16)
         fwd_bytes, bwd_bytes = (n + 1) * tokens * dim * 2, (2 * n + 1) * tokens * dim * 2
-        base = make_plan(target, tokens, dim, 2, backward=False)
-        for block_t in (1, 2, 4):
-            for warps in (4, 8, 16):
-                plan = dataclasses.replace(base, block_t=block_t, num_warps=warps, grid=-(-tokens // block_t))
-                ms = triton.testing.do_bench(lambda: _forward(v, q, w, 1e-6, target, plan), return_mode="median")
-                tag = " (planner)" if (block_t, warps) == (base.block_t, base.num_warps) else ""
-                print(f"fwd N{n} T{tokens} D{dim} bt{block_t} w{warps}: {ms:.3f} ms "
-                      f"{100 * fwd_bytes / ms / 1e9 / ceiling:.0f}%{tag}")
-        base = make_plan(target, tokens, dim, 2, backward=True)
-        for block_t in (1, 2):
-            for warps in (4, 8, 16):
-                for resident in (2, 4, 8):
-                    plan = dataclasses.replace(base, block_t=block_t, num_warps=warps,
-                                               grid=min(-(-tokens // block_t), target.vector_cores * resident))
-                    ms = triton.testing.do_bench(
-                        lambda: _backward(g, v, q, w, 1e-6, True, True, True, target, plan), return_mode="median")
-                    tag = " (planner)" if plan == base else ""
-                    print(f"bwd N{n} T{tokens} D{dim} bt{block_t} w{warps} grid{plan.grid}: {ms:.3f} ms "
-                          f"{100 * bwd_bytes / ms / 1e9 / ceiling:.0f}%{tag}")
+        for backward in (False, True):
+            base = make_plan(target, tokens, dim, 2, backward=backward)
+            nbytes = bwd_bytes if backward else fwd_bytes
+            for block_t, warps in ((1, 4), (1, 8), (2, 4), (2, 8)):
+                for unroll in (1, 2):
+                    for stages in (1, 3):
+                        grid = -(-tokens // block_t)
+                        grid = min(grid, 2 * target.vector_cores) if backward else grid
+                        plan = dataclasses.replace(base, block_t=block_t, num_warps=warps, grid=grid,
+                                                   unroll=unroll, num_stages=stages)
+                        if backward:
+                            fn = lambda: _backward(g, v, q, w, 1e-6, True, True, True, target, plan)  # noqa: E731
+                        else:
+                            fn = lambda: _forward(v, q, w, 1e-6, target, plan)  # noqa: E731
+                        ms = triton.testing.do_bench(fn, return_mode="median")
+                        same = (block_t, warps, unroll, stages) == (base.block_t, base.num_warps, base.unroll,
+                                                                     base.num_stages)
+                        print(f"{'bwd' if backward else 'fwd'} N{n} T{tokens} D{dim} bt{block_t} w{warps} "
+                              f"u{unroll} s{stages}: {ms:.3f} ms {100 * nbytes / ms / 1e9 / ceiling:.0f}%"
+                              f"{' (planner)' if same else ''}", flush=True)
         del v, g
         torch.cuda.empty_cache()
 

@@ -26,10 +26,26 @@ def _folded_query(q_ptr, w_ptr, d, d_mask, HAS_WEIGHT: tl.constexpr):
 
 
 @triton.jit
+def _row_logit(x, u, D, eps):
+    """(logit, rstd) of fp32 rows x [BLOCK_T, BLOCK_D] against the folded query u [BLOCK_D]."""
+    rstd = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)
+    return tl.sum(x * u[None, :], axis=1) * rstd, rstd
+
+
+@triton.jit
+def _mix(acc, m, denom, x, logit):
+    """One online-softmax step of the forward: fold row x with weight exp(logit) into acc."""
+    m_new = tl.maximum(m, logit)
+    rescale = tl.exp(m - m_new)
+    p = tl.exp(logit - m_new)
+    return acc * rescale[:, None] + p[:, None] * x, m_new, denom * rescale + p
+
+
+@triton.jit
 def attn_res_fwd_kernel(
     v_ptr, q_ptr, w_ptr, out_ptr, logits_ptr,
     N, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, eps,
-    HAS_WEIGHT: tl.constexpr, ONE_TILE: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, ONE_TILE: tl.constexpr, UNROLL: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """out[t] = sum_i softmax_i(rstd_i * <u, v_i[t]>) v_i[t].
@@ -53,17 +69,18 @@ def attn_res_fwd_kernel(
             u = _folded_query(q_ptr, w_ptr, d, d_mask, HAS_WEIGHT)
             acc = tl.zeros([BLOCK_T, BLOCK_D], tl.float32)
             ptrs = v_ptr + rows[:, None] + d[None, :]
-            for _ in range(N):
+            # UNROLL == 2 keeps two independent rows in flight: the loop is latency-bound otherwise.
+            for i in range(0, N, UNROLL):
                 x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
-                rstd = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)
-                logit = tl.sum(x * u[None, :], axis=1) * rstd
-                m_new = tl.maximum(m, logit)
-                rescale = tl.exp(m - m_new)
-                p = tl.exp(logit - m_new)
-                acc = acc * rescale[:, None] + p[:, None] * x
-                denom = denom * rescale + p
-                m = m_new
-                ptrs += STRIDE_N
+                if UNROLL == 2:
+                    has_next = i + 1 < N
+                    x_next = tl.load(ptrs + STRIDE_N, mask=mask & has_next, other=0.0).to(tl.float32)
+                logit, _ = _row_logit(x, u, D, eps)
+                acc, m, denom = _mix(acc, m, denom, x, logit)
+                if UNROLL == 2:
+                    logit, _ = _row_logit(x_next, u, D, eps)
+                    acc, m, denom = _mix(acc, m, denom, x_next, tl.where(has_next, logit, float("-inf")))
+                ptrs += UNROLL * STRIDE_N
             out = acc / denom[:, None]
             tl.store(out_ptr + t[:, None] * D + d[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
         else:
@@ -105,11 +122,29 @@ def attn_res_fwd_kernel(
 
 
 @triton.jit
+def _softmax_step(m, denom, g_out, logit, gv):
+    """Online softmax over depth of the backward: running max, denominator and sum of p * <g, v>."""
+    m_new = tl.maximum(m, logit)
+    rescale = tl.exp(m - m_new)
+    p = tl.exp(logit - m_new)
+    return m_new, denom * rescale + p, g_out * rescale + p * gv
+
+
+@triton.jit
+def _grad_row(x, g, u, logit, rstd, gv, lse, g_out, D):
+    """(dL/dv_i, ds_i * rstd_i) of one source row."""
+    alpha = tl.exp(logit - lse)
+    coef = alpha * (gv - g_out) * rstd
+    dx = alpha[:, None] * g + coef[:, None] * (u[None, :] - (logit * rstd / D)[:, None] * x)
+    return dx, coef
+
+
+@triton.jit
 def attn_res_bwd_kernel(
     g_ptr, v_ptr, q_ptr, w_ptr, dv_ptr, partial_ptr, stats_ptr,
     N, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, STAT_PLANE, DV_STEP, LAST_N, LAST_STAT, LAST_DV, eps,
-    HAS_WEIGHT: tl.constexpr, NEED_DV: tl.constexpr, NEED_DU: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, NEED_DV: tl.constexpr, NEED_DU: tl.constexpr, ONE_TILE: tl.constexpr,
+    UNROLL: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """Gradients of attn_res for a persistent program's token blocks.
 
@@ -119,6 +154,8 @@ def attn_res_bwd_kernel(
     phase 1 are read first again while they are still in L2, and writes
       dv_i = alpha_i g + ds_i rstd_i (u - s_i rstd_i v_i / D),  ds_i = alpha_i (gv_i - <g, out>),
     adding ds_i rstd_i v_i into this program's row of `partial_ptr` ([programs, D] fp32).
+    ONE_TILE: a row fits on chip, so grad_out and the query are loaded once per token block, and
+    UNROLL == 2 keeps two source rows in flight. Otherwise both phases walk D tiles.
     STAT_PLANE = N * T and DV_STEP = T * D are passed from the host so they cannot overflow int32;
     LAST_N, LAST_STAT, LAST_DV: offsets of depth N-1 in values, one stats plane, and grad_values.
     """
@@ -132,66 +169,122 @@ def attn_res_bwd_kernel(
         m = tl.full([BLOCK_T], float("-inf"), tl.float32)
         denom = tl.zeros([BLOCK_T], tl.float32)
         g_out = tl.zeros([BLOCK_T], tl.float32)
-        base = v_ptr + rows
         sptrs = stats_ptr + t
-        for _ in range(N):
-            sq = tl.zeros([BLOCK_T], tl.float32)
-            dot = tl.zeros([BLOCK_T], tl.float32)
-            gv = tl.zeros([BLOCK_T], tl.float32)
+        if ONE_TILE:
+            d = tl.arange(0, BLOCK_D)
+            d_mask = d < D
+            mask = t_mask[:, None] & d_mask[None, :]
+            u = _folded_query(q_ptr, w_ptr, d, d_mask, HAS_WEIGHT)
+            g = tl.load(g_rows[:, None] + d[None, :], mask=mask, other=0.0).to(tl.float32)
+            ptrs = v_ptr + rows[:, None] + d[None, :]
+            for i in range(0, N, UNROLL):
+                x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+                if UNROLL == 2:
+                    has_next = i + 1 < N
+                    x_next = tl.load(ptrs + STRIDE_N, mask=mask & has_next, other=0.0).to(tl.float32)
+                logit, rstd = _row_logit(x, u, D, eps)
+                gv = tl.sum(x * g, axis=1)
+                tl.store(sptrs, logit, mask=t_mask)
+                tl.store(sptrs + STAT_PLANE, rstd, mask=t_mask)
+                tl.store(sptrs + 2 * STAT_PLANE, gv, mask=t_mask)
+                m, denom, g_out = _softmax_step(m, denom, g_out, logit, gv)
+                if UNROLL == 2:
+                    logit, rstd = _row_logit(x_next, u, D, eps)
+                    gv = tl.sum(x_next * g, axis=1)
+                    next_mask = t_mask & has_next
+                    tl.store(sptrs + T, logit, mask=next_mask)
+                    tl.store(sptrs + T + STAT_PLANE, rstd, mask=next_mask)
+                    tl.store(sptrs + T + 2 * STAT_PLANE, gv, mask=next_mask)
+                    m, denom, g_out = _softmax_step(m, denom, g_out, tl.where(has_next, logit, float("-inf")), gv)
+                ptrs += UNROLL * STRIDE_N
+                sptrs += UNROLL * T
+            g_out = g_out / denom
+            lse = m + tl.log(denom)
+            du = tl.zeros([BLOCK_D], tl.float32)
+            ptrs = v_ptr + LAST_N + rows[:, None] + d[None, :]
+            dptrs = dv_ptr + LAST_DV + t[:, None] * D + d[None, :]
+            sptrs = stats_ptr + LAST_STAT + t
+            for j in range(0, N, UNROLL):
+                x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+                logit = tl.load(sptrs, mask=t_mask, other=0.0)
+                rstd = tl.load(sptrs + STAT_PLANE, mask=t_mask, other=0.0)
+                gv = tl.load(sptrs + 2 * STAT_PLANE, mask=t_mask, other=0.0)
+                if UNROLL == 2:
+                    has_prev = j + 1 < N
+                    prev_mask = t_mask & has_prev
+                    x_prev = tl.load(ptrs - STRIDE_N, mask=mask & has_prev, other=0.0).to(tl.float32)
+                    logit_prev = tl.load(sptrs - T, mask=prev_mask, other=0.0)
+                    rstd_prev = tl.load(sptrs - T + STAT_PLANE, mask=prev_mask, other=0.0)
+                    gv_prev = tl.load(sptrs - T + 2 * STAT_PLANE, mask=prev_mask, other=0.0)
+                dx, coef = _grad_row(x, g, u, logit, rstd, gv, lse, g_out, D)
+                if NEED_DV:
+                    tl.store(dptrs, dx.to(dv_ptr.dtype.element_ty), mask=mask)
+                if NEED_DU:
+                    du += tl.sum(coef[:, None] * x, axis=0)
+                if UNROLL == 2:
+                    dx, coef = _grad_row(x_prev, g, u, logit_prev, rstd_prev, gv_prev, lse, g_out, D)
+                    if NEED_DV:
+                        tl.store(dptrs - DV_STEP, dx.to(dv_ptr.dtype.element_ty), mask=mask & has_prev)
+                    if NEED_DU:
+                        du += tl.sum(coef[:, None] * x_prev, axis=0)  # x_prev is 0 where masked
+                ptrs -= UNROLL * STRIDE_N
+                dptrs -= UNROLL * DV_STEP
+                sptrs -= UNROLL * T
+            if NEED_DU:
+                pptrs = partial_ptr + pid * D + d
+                tl.store(pptrs, tl.load(pptrs, mask=d_mask, other=0.0) + du, mask=d_mask)
+        else:
+            base = v_ptr + rows
+            for _ in range(N):
+                sq = tl.zeros([BLOCK_T], tl.float32)
+                dot = tl.zeros([BLOCK_T], tl.float32)
+                gv = tl.zeros([BLOCK_T], tl.float32)
+                for d0 in range(0, D, BLOCK_D):
+                    d = d0 + tl.arange(0, BLOCK_D)
+                    d_mask = d < D
+                    mask = t_mask[:, None] & d_mask[None, :]
+                    u = _folded_query(q_ptr, w_ptr, d, d_mask, HAS_WEIGHT)
+                    x = tl.load(base[:, None] + d[None, :], mask=mask, other=0.0).to(tl.float32)
+                    g = tl.load(g_rows[:, None] + d[None, :], mask=mask, other=0.0).to(tl.float32)
+                    sq += tl.sum(x * x, axis=1)
+                    dot += tl.sum(x * u[None, :], axis=1)
+                    gv += tl.sum(x * g, axis=1)
+                rstd = tl.rsqrt(sq / D + eps)
+                logit = dot * rstd
+                tl.store(sptrs, logit, mask=t_mask)
+                tl.store(sptrs + STAT_PLANE, rstd, mask=t_mask)
+                tl.store(sptrs + 2 * STAT_PLANE, gv, mask=t_mask)
+                m, denom, g_out = _softmax_step(m, denom, g_out, logit, gv)
+                base += STRIDE_N
+                sptrs += T
+            g_out = g_out / denom
+            lse = m + tl.log(denom)
             for d0 in range(0, D, BLOCK_D):
                 d = d0 + tl.arange(0, BLOCK_D)
                 d_mask = d < D
                 mask = t_mask[:, None] & d_mask[None, :]
                 u = _folded_query(q_ptr, w_ptr, d, d_mask, HAS_WEIGHT)
-                x = tl.load(base[:, None] + d[None, :], mask=mask, other=0.0).to(tl.float32)
                 g = tl.load(g_rows[:, None] + d[None, :], mask=mask, other=0.0).to(tl.float32)
-                sq += tl.sum(x * x, axis=1)
-                dot += tl.sum(x * u[None, :], axis=1)
-                gv += tl.sum(x * g, axis=1)
-            rstd = tl.rsqrt(sq / D + eps)
-            logit = dot * rstd
-            tl.store(sptrs, logit, mask=t_mask)
-            tl.store(sptrs + STAT_PLANE, rstd, mask=t_mask)
-            tl.store(sptrs + 2 * STAT_PLANE, gv, mask=t_mask)
-            m_new = tl.maximum(m, logit)
-            rescale = tl.exp(m - m_new)
-            p = tl.exp(logit - m_new)
-            denom = denom * rescale + p
-            g_out = g_out * rescale + p * gv
-            m = m_new
-            base += STRIDE_N
-            sptrs += T
-        g_out = g_out / denom
-        lse = m + tl.log(denom)
-        for d0 in range(0, D, BLOCK_D):
-            d = d0 + tl.arange(0, BLOCK_D)
-            d_mask = d < D
-            mask = t_mask[:, None] & d_mask[None, :]
-            u = _folded_query(q_ptr, w_ptr, d, d_mask, HAS_WEIGHT)
-            g = tl.load(g_rows[:, None] + d[None, :], mask=mask, other=0.0).to(tl.float32)
-            du = tl.zeros([BLOCK_D], tl.float32)
-            ptrs = v_ptr + LAST_N + rows[:, None] + d[None, :]
-            dptrs = dv_ptr + LAST_DV + t[:, None] * D + d[None, :]
-            sptrs = stats_ptr + LAST_STAT + t
-            for _ in range(N):
-                logit = tl.load(sptrs, mask=t_mask, other=0.0)
-                rstd = tl.load(sptrs + STAT_PLANE, mask=t_mask, other=0.0)
-                gv = tl.load(sptrs + 2 * STAT_PLANE, mask=t_mask, other=0.0)
-                alpha = tl.exp(logit - lse)
-                d_logit = alpha * (gv - g_out)
-                x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
-                coef = d_logit * rstd
-                if NEED_DV:
-                    dx = alpha[:, None] * g + coef[:, None] * (u[None, :] - (logit * rstd / D)[:, None] * x)
-                    tl.store(dptrs, dx.to(dv_ptr.dtype.element_ty), mask=mask)
+                du = tl.zeros([BLOCK_D], tl.float32)
+                ptrs = v_ptr + LAST_N + rows[:, None] + d[None, :]
+                dptrs = dv_ptr + LAST_DV + t[:, None] * D + d[None, :]
+                sptrs = stats_ptr + LAST_STAT + t
+                for _ in range(N):
+                    logit = tl.load(sptrs, mask=t_mask, other=0.0)
+                    rstd = tl.load(sptrs + STAT_PLANE, mask=t_mask, other=0.0)
+                    gv = tl.load(sptrs + 2 * STAT_PLANE, mask=t_mask, other=0.0)
+                    x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+                    dx, coef = _grad_row(x, g, u, logit, rstd, gv, lse, g_out, D)
+                    if NEED_DV:
+                        tl.store(dptrs, dx.to(dv_ptr.dtype.element_ty), mask=mask)
+                    if NEED_DU:
+                        du += tl.sum(coef[:, None] * x, axis=0)
+                    ptrs -= STRIDE_N
+                    dptrs -= DV_STEP
+                    sptrs -= T
                 if NEED_DU:
-                    du += tl.sum(coef[:, None] * x, axis=0)
-                ptrs -= STRIDE_N
-                dptrs -= DV_STEP
-                sptrs -= T
-            if NEED_DU:
-                pptrs = partial_ptr + pid * D + d
-                tl.store(pptrs, tl.load(pptrs, mask=d_mask, other=0.0) + du, mask=d_mask)
+                    pptrs = partial_ptr + pid * D + d
+                    tl.store(pptrs, tl.load(pptrs, mask=d_mask, other=0.0) + du, mask=d_mask)
 
 
 @triton.jit

@@ -69,8 +69,8 @@ def _forward(
     wrap_triton(attn_res_fwd_kernel)[(plan.grid,)](
         values, query, query if norm_weight is None else norm_weight, out, logits,
         n, tokens, dim, s1, s2, st0, st1, st2, values.stride(0), eps,
-        HAS_WEIGHT=norm_weight is not None, ONE_TILE=plan.one_tile,
-        BLOCK_T=plan.block_t, BLOCK_D=plan.block_d, num_warps=plan.num_warps,
+        HAS_WEIGHT=norm_weight is not None, ONE_TILE=plan.one_tile, UNROLL=plan.unroll,
+        BLOCK_T=plan.block_t, BLOCK_D=plan.block_d, num_warps=plan.num_warps, num_stages=plan.num_stages,
     )
     return out
 
@@ -98,8 +98,9 @@ def _backward(
             grad_out, values, query, weight, grad_values if need_values else grad_out, partial, stats,
             n, tokens, dim, s1, s2, st0, st1, st2, values.stride(0), n * tokens, tokens * dim,
             (n - 1) * values.stride(0), (n - 1) * tokens, (n - 1) * tokens * dim, eps,
-            HAS_WEIGHT=norm_weight is not None, NEED_DV=need_values, NEED_DU=need_du,
-            BLOCK_T=plan.block_t, BLOCK_D=plan.block_d, num_warps=plan.num_warps,
+            HAS_WEIGHT=norm_weight is not None, NEED_DV=need_values, NEED_DU=need_du, ONE_TILE=plan.one_tile,
+            UNROLL=plan.unroll, BLOCK_T=plan.block_t, BLOCK_D=plan.block_d,
+            num_warps=plan.num_warps, num_stages=plan.num_stages,
         )
     if need_du:
         block_d, block_p, grid = reduce_plan(target, dim, partial.shape[0])

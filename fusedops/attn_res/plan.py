@@ -8,10 +8,11 @@ from fusedops.targets import Target
 
 # Bytes of on-chip state per tile element: the forward keeps the fp32 accumulator, the loaded row and
 # the folded query; the backward keeps grad_out, the query, the loaded row and the gradient row.
-FORWARD_BYTES_PER_ELEMENT = 16
-BACKWARD_BYTES_PER_ELEMENT = 24
-# On CUDA a program of ~4K elements (8 warps, 16 elements a thread) keeps enough loads in flight.
-CUDA_TILE_ELEMENTS = 4096
+# Two source rows are in flight when a row fits (UNROLL = 2), hence 4 more bytes per element.
+FORWARD_BYTES_PER_ELEMENT = 20
+BACKWARD_BYTES_PER_ELEMENT = 28
+# On an H100 an 8K-element tile per program measured best (bench/NOTES.md, attn_res sweep).
+CUDA_TILE_ELEMENTS = 8192
 
 
 def next_pow2(n: int) -> int:
@@ -29,6 +30,8 @@ class Plan:
     one_tile: bool  # a whole row fits in one tile: the forward makes a single pass over values
     grid: int  # programs launched; each loops over token blocks pid, pid + grid, ...
     num_warps: int
+    unroll: int = 1  # source rows loaded per depth step (2: two independent loads in flight)
+    num_stages: int = 1
 
     @property
     def programs(self) -> int:
@@ -52,15 +55,14 @@ def make_plan(target: Target, tokens: int, dim: int, elem_size: int, *, backward
     else:
         wanted = max(CUDA_TILE_ELEMENTS, block_d)
     block_t = max(1, min(prev_pow2(max(1, wanted // block_d)), next_pow2(max(tokens, 1))))
-    if backward:
-        block_t = 1 if target.vendor == "cuda" and not target.interpreted and dim >= 1024 else block_t
     blocks = -(-tokens // block_t)
     # The backward is always persistent: each program owns one row of fp32 partial sums for the
     # query/weight gradient, reduced in a fixed order afterwards (deterministic, no atomics).
     persistent = True if backward else None
     grid = target.grid_size(blocks, persistent=persistent)
-    num_warps = min(16, max(4, block_t * block_d // 512))
-    return Plan(block_t=block_t, block_d=block_d, one_tile=one_tile, grid=grid, num_warps=num_warps)
+    num_warps = min(8, max(4, block_t * block_d // (2048 if backward else 1024)))
+    unroll = 2 if one_tile else 1
+    return Plan(block_t=block_t, block_d=block_d, one_tile=one_tile, grid=grid, num_warps=num_warps, unroll=unroll)
 
 
 def reduce_plan(target: Target, dim: int, programs: int) -> tuple[int, int, int]:
