@@ -52,7 +52,7 @@ def embedding_bwd_kernel(
 
     perm lists the token positions sorted (stably) by index, offs[v] is where index v's run starts
     in that order. Each tile of BLOCK_R rows x BLOCK_D features sums its rows' runs in fp32, one
-    token per row per step, in token order, then stores the tile once: rows no token names (and the
+    run in token order, then stores the tile once: rows no token names (and the
     PAD row) are stored as zeros in the same store, so grad_weight needs no memset, every element is
     written exactly once, and the result does not depend on scheduling (no atomics).
     """
@@ -62,19 +62,37 @@ def embedding_bwd_kernel(
     for tile in range(pid, num_tiles, tl.num_programs(0)):
         rb = tile // d_blocks
         db = tile - rb * d_blocks
-        r = rb.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+        # Row vectors are kept as [BLOCK_R, 1] columns: every tensor in the loop is 2D, so all share
+        # one layout (1D row vectors beside 2D tiles trip a layout-conversion bug in Triton 3.6/3.7).
+        r = rb.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
         r_mask = r < V
         start = tl.load(offs_ptr + r, mask=r_mask, other=0)
-        count = tl.load(offs_ptr + r + 1, mask=r_mask, other=0) - start
-        count = tl.where(r == PAD, 0, count).to(tl.int32)
-        d = db.to(tl.int64) * BLOCK_D + tl.arange(0, BLOCK_D)
+        stop = tl.load(offs_ptr + r + 1, mask=r_mask, other=0)
+        stop = tl.where(r == PAD, start, stop)  # the padding row's run is empty
+        d = db.to(tl.int64) * BLOCK_D + tl.arange(0, BLOCK_D)[None, :]
         d_mask = d < D
+        cols = d * G_S1
         acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
-        for k in range(0, tl.max(count, axis=0)):
-            has = k < count
-            tok = tl.load(perm_ptr + start + k, mask=has, other=0).to(tl.int64)
-            g = tl.load(g_ptr + tok[:, None] * G_S0 + d[None, :] * G_S1, mask=has[:, None] & d_mask[None, :], other=0.0)
-            acc += g.to(tl.float32)
+        # Four tokens per row per step, their loads issued before the adds (a row named by many tokens
+        # keeps four gathers in flight); the adds stay in token order, so the bits do not depend on it.
+        for k in range(0, tl.max(tl.max(stop - start, axis=1), axis=0), 4):
+            p0 = start + k
+            h0 = p0 < stop
+            h1 = p0 + 1 < stop
+            h2 = p0 + 2 < stop
+            h3 = p0 + 3 < stop
+            t0 = tl.load(perm_ptr + p0, mask=h0, other=0).to(tl.int64)
+            t1 = tl.load(perm_ptr + p0 + 1, mask=h1, other=0).to(tl.int64)
+            t2 = tl.load(perm_ptr + p0 + 2, mask=h2, other=0).to(tl.int64)
+            t3 = tl.load(perm_ptr + p0 + 3, mask=h3, other=0).to(tl.int64)
+            g0 = tl.load(g_ptr + t0 * G_S0 + cols, mask=h0 & d_mask, other=0.0)
+            g1 = tl.load(g_ptr + t1 * G_S0 + cols, mask=h1 & d_mask, other=0.0)
+            g2 = tl.load(g_ptr + t2 * G_S0 + cols, mask=h2 & d_mask, other=0.0)
+            g3 = tl.load(g_ptr + t3 * G_S0 + cols, mask=h3 & d_mask, other=0.0)
+            acc += g0.to(tl.float32)
+            acc += g1.to(tl.float32)
+            acc += g2.to(tl.float32)
+            acc += g3.to(tl.float32)
         if SCALE:
-            acc = acc / tl.maximum(count, 1).to(tl.float32)[:, None]
-        tl.store(gw_ptr + r[:, None] * D + d[None, :], acc.to(gw_ptr.dtype.element_ty), mask=r_mask[:, None] & d_mask[None, :])
+            acc = acc / tl.maximum(stop - start, 1).to(tl.float32)
+        tl.store(gw_ptr + r * D + d, acc.to(gw_ptr.dtype.element_ty), mask=r_mask & d_mask)

@@ -52,8 +52,8 @@ def first_out_of_range(indices: Tensor, num_weights: int) -> Optional[int]:
     """The first index outside [0, num_weights), or None. Reads the data (a sync on a GPU)."""
     if indices.numel() == 0:
         return None
-    lo, hi = torch.aminmax(indices.reshape(-1))
-    if int(lo) >= 0 and int(hi) < num_weights:
+    lo, hi = torch.stack(torch.aminmax(indices.reshape(-1))).tolist()  # one reduction, one sync
+    if lo >= 0 and hi < num_weights:
         return None
     flat = indices.reshape(-1)
     return int(flat[(flat < 0) | (flat >= num_weights)][0])
