@@ -101,6 +101,7 @@ def providers(ctx: Context, case, sweep: bool):
     if ctx.device.type == "cuda":
         def flex_factory():
             fa = optional_import("torch.nn.attention.flex_attention")
+            torch._dynamo.reset()  # one compiled flex per case: never hit the recompile limit (eager fallback)
             tokens = math.prod(spatial)
             block_mask = fa.create_block_mask(shifted_mask_mod(spatial, kernel), None, None, tokens, tokens,
                                               device=ctx.device, _compile=True)
@@ -109,7 +110,7 @@ def providers(ctx: Context, case, sweep: bool):
 
         yield "flex", flex_factory, flat
     yield "sdpa(full)", lambda q, k, v: F.scaled_dot_product_attention(q, k, v), flat
-    if ndim == 1 and spatial[0] <= 4096:
+    if ndim == 1 and spatial[0] <= 4096 and not sweep:
         def liger(q, k, v):
             mod = optional_import("liger_kernel.ops.fused_neighborhood_attention")
             return mod.LigerFusedNeighborhoodAttentionFunction.apply(q, k, v, kernel[0], 1, None)

@@ -149,7 +149,7 @@ def _forward(q, k, v, ks, dil, st, causal, scale, window, target: Target) -> tup
     out = q.new_empty(*q.shape[:-1], v.shape[-1])
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
     plan = make_plan(target, geo.spatial, geo.dilation, geo.head_dim, geo.head_dim_v, q.dtype, geo.ndim,
-                     backward=False)
+                     backward=False, kernel_volume=math.prod(geo.kernel))
     tiles = geo.tiles(plan.bm, geo.heads)
     if tiles == 0:
         return out, lse
@@ -189,7 +189,7 @@ def _backward(grad_out, grad_lse, q, k, v, out, lse, ks, dil, st, causal, scale,
         HAS_DLSE=has_dlse, BLOCK_S=block_s, BLOCK_DV=block_dv,
     )
     plan = make_plan(target, geo.spatial, geo.dilation, geo.head_dim, geo.head_dim_v, q.dtype, geo.ndim,
-                     backward=True)
+                     backward=True, kernel_volume=math.prod(geo.kernel))
     common = dict(
         TRUNCATED=window == "truncated", NDIM=geo.ndim,
         BM0=plan.bm[0], BM1=plan.bm[1], BM2=plan.bm[2], BN0=plan.bn[0], BN1=plan.bn[1], BN2=plan.bn[2],

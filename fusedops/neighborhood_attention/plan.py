@@ -94,7 +94,7 @@ def _override() -> tuple[tuple[int, ...], tuple[int, ...], int | None] | None:
 
 def make_plan(
     target: Target, spatial: Sequence[int], dilation: Sequence[int], head_dim: int, head_dim_v: int,
-    dtype: torch.dtype, ndim: int, *, backward: bool,
+    dtype: torch.dtype, ndim: int, *, backward: bool, kernel_volume: int = 0,
 ) -> Plan:
     """spatial/dilation padded to 3 axes; ndim the caller's number of spatial axes."""
     group_len = [-(-length // d) for length, d in zip(spatial, dilation)]
@@ -107,6 +107,10 @@ def make_plan(
     boxes = CUDA_BOXES if (target.vendor == "cuda" and not interpreted) else LARGE_BOXES
     bm, bn = (list(b) for b in boxes[ndim])
     warps = None
+    if boxes is CUDA_BOXES and ndim == 1 and kernel_volume >= 16:
+        bm, bn, warps = [1, 1, 128], [1, 1, 32], 8  # H100 sweep: wide windows want tall query tiles
+    elif boxes is CUDA_BOXES and ndim == 3:
+        warps = 4
     override = _override()
     if override is not None and not interpreted:
         bm, bn, warps = list(override[0]), list(override[1]), override[2]
