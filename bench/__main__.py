@@ -124,7 +124,7 @@ def format_table(rows: list[dict], ceiling_tbps: float) -> str:
             lines.append("")
         prev = b[0]
         lines.append("  ".join(c.ljust(w) for c, w in zip(b, widths)).rstrip())
-    lines.append(f"ceiling: device-to-device copy {ceiling_tbps:.3f} TB/s (bytes read + written)")
+    lines.append(f"ceiling: device-to-device copy {ceiling_tbps:.3g} TB/s (bytes read + written)")
     return "\n".join(lines)
 
 
@@ -226,7 +226,7 @@ def main(argv=None) -> int:
     json_path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
     print(f"wrote {json_path}")
     if not args.no_plots:
-        title = f"fusedops on {name} ({device.type}, {meta['dtype']}), {meta['date']}; copy ceiling {ctx.ceiling_tbps:.2f} TB/s"
+        title = f"fusedops on {name} ({device.type}, {meta['dtype']}), {meta['date']}; copy ceiling {ctx.ceiling_tbps:.3g} TB/s"
         pngs = plot(rows, out, stem, title)
         for pth in pngs:
             print(f"wrote {pth}")
