@@ -46,6 +46,7 @@ def run(ctx: Context) -> list[dict]:
     cases = ctx.select(CPU_CASES if cpu and not ctx.sizes else CASES, quick=QUICK["cpu" if cpu else "gpu"])
     rows = []
     for case in cases:
+        torch._dynamo.reset()  # one compiled graph per case, never the recompile limit
         n, b, t, d = case
         tokens = b * t
         esize = torch.tensor([], dtype=ctx.dtype).element_size()

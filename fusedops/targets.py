@@ -35,8 +35,9 @@ ASCEND_ROW_ALIGN = 32
 ASCEND_DEFAULT_VECTOR_CORES = 48
 ASCEND_DEFAULT_AI_CORES = 24
 
-# CUDA: one program may hold about half an SM's 256 KiB register file, so two programs share an SM.
-CUDA_ONCHIP_BYTES = 128 * 1024
+# CUDA: one program may hold up to three quarters of an SM's 256 KiB register file (a D = 8192 bf16
+# row with two rows in flight); smaller tiles leave room for more programs per SM.
+CUDA_ONCHIP_BYTES = 192 * 1024
 CUDA_MAX_GRID = 2**31 - 1
 
 
