@@ -77,7 +77,7 @@ class Context:
     sizes: Optional[list[str]] = None  # user selection: case strings (see `select`), or None for all
     ceiling_tbps: float = float("nan")  # device-to-device copy bandwidth, bytes read + written
     verbose: bool = True
-    rows: list = field(default_factory=list)
+    started: float = field(default_factory=_time.perf_counter)
 
     # ---- timing ------------------------------------------------------------------------------------
     def time(self, fn: Callable[[], Any]) -> float:
@@ -105,7 +105,7 @@ class Context:
 
     def progress(self, msg: str) -> None:
         if self.verbose:
-            print(f"[bench] {msg}", file=sys.stderr, flush=True)
+            print(f"[bench {_time.perf_counter() - self.started:6.1f}s] {msg}", file=sys.stderr, flush=True)
 
     # ---- helpers for op modules -------------------------------------------------------------------
     def select(self, cases: Sequence[Any], quick: Optional[Sequence[Any]] = None) -> list:

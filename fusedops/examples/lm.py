@@ -307,6 +307,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--out", default="lm_example_out", help="directory for the loss curve and exported model")
     args = p.parse_args(argv)
     cfg = Config(**{k: getattr(args, k) for k in asdict(d)})
+    if not 2 <= cfg.period <= cfg.window:
+        p.error(f"--period {cfg.period} must be in [2, window={cfg.window}]: the copy must fall inside the window")
     device = pick_device(args.device)
     torch.manual_seed(cfg.seed)
     os.makedirs(args.out, exist_ok=True)
