@@ -126,3 +126,25 @@ def test_kernels_in_the_model_match_the_reference(path):
         got = run()
     errs = [rel_err(g, r) for g, r in zip(got, ref)]
     assert 0 < max(errs) < 1e-4, errs  # > 0: the kernels did run, not the reference again
+
+
+def test_command_line_runs_with_inductor(tmp_path):
+    """`python -m fusedops.examples.lm` as a user runs it (inductor, the default backend), a few steps of a
+    small model: exit 0, a loss-curve PNG, an exported program that reloads and matches eager."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "FUSEDOPS_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(root)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    cmd = [sys.executable, "-m", "fusedops.examples.lm", "--steps", "6", "--layers", "2", "--block-layers", "1",
+           "--dim", "32", "--seq", "32", "--batch", "4", "--lr", "1e-2", "--device", "cpu", "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "torch.compile(fullgraph=True, backend='inductor')" in proc.stdout
+    assert "reloaded: max |logits - eager|" in proc.stdout
+    assert (tmp_path / "lm.pt2").stat().st_size > 0
+    pytest.importorskip("matplotlib")
+    assert (tmp_path / "loss.png").stat().st_size > 0

@@ -339,10 +339,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         got = loaded.module()(x)
     err = (got - ref).abs().max().item()
     print(f"exported to {pt2} and reloaded: max |logits - eager| = {err:.2e}")
-    ok = err <= 1e-4 * max(1.0, ref.abs().max().item()) and last < first
-    if not ok:
-        print("FAILED: " + ("export mismatch" if last < first else "loss did not fall"), file=sys.stderr)
-    return 0 if ok else 1
+    failures = []
+    if not err <= 1e-4 * max(1.0, ref.abs().max().item()):
+        failures.append("the reloaded exported program does not match the eager model")
+    if cfg.steps >= 20 and not last < first:  # fewer steps than the warm-up: too early to judge
+        failures.append("the loss did not fall")
+    for f in failures:
+        print(f"FAILED: {f}", file=sys.stderr)
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":
