@@ -139,9 +139,10 @@ def neighborhood_attention_backward(
     delta = (go * of).sum(-1)
     if grad_lse is not None:
         delta = delta - grad_lse.reshape(batch, kv_heads, groups, tokens).float()
-    dq = torch.empty_like(qf)
-    dk = torch.zeros_like(kf)
-    dv = torch.zeros_like(vf)
+    # contiguous like the fake kernel's outputs (empty_like would keep a permuted input's strides)
+    dq = torch.empty(qf.shape, dtype=torch.float32, device=q.device)
+    dk = torch.zeros(kf.shape, dtype=torch.float32, device=q.device)
+    dv = torch.zeros(vf.shape, dtype=torch.float32, device=q.device)
     step = _chunk(batch, heads, kernel, max(q.shape[-1], v.shape[-1]) * 2)
     for r0 in range(0, tokens, step):
         r1 = min(tokens, r0 + step)
