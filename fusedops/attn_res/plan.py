@@ -11,8 +11,15 @@ from fusedops.targets import Target
 # Two source rows are in flight when a row fits (UNROLL = 2), hence 4 more bytes per element.
 FORWARD_BYTES_PER_ELEMENT = 20
 BACKWARD_BYTES_PER_ELEMENT = 28
-# On an H100 an 8K-element tile per program measured best (bench/NOTES.md, attn_res sweep).
-CUDA_TILE_ELEMENTS = 8192
+# H100 sweep (bench/NOTES.md, attn_res): the forward is fastest with 8K-element tiles, the backward
+# with 4K-element tiles when a row fits and 8K (two tokens) when D is tiled; all with 4 warps, two
+# source rows in flight where a row fits, and the backward with two persistent programs per SM
+# (fewer tokens in flight keep phase 2's re-reads in L2).
+CUDA_FORWARD_TILE_ELEMENTS = 8192
+CUDA_BACKWARD_TILE_ELEMENTS = 4096
+CUDA_BACKWARD_TILED_ELEMENTS = 8192
+CUDA_NUM_WARPS = 4
+BACKWARD_PROGRAMS_PER_CORE = 2
 
 
 def next_pow2(n: int) -> int:
@@ -53,14 +60,25 @@ def make_plan(target: Target, tokens: int, dim: int, elem_size: int, *, backward
     if target.interpreted or target.vendor != "cuda":
         wanted = largest  # the interpreter and Ascend prefer few, large tiles
     else:
-        wanted = max(CUDA_TILE_ELEMENTS, block_d)
+        if not backward:
+            wanted = CUDA_FORWARD_TILE_ELEMENTS
+        else:
+            wanted = CUDA_BACKWARD_TILE_ELEMENTS if one_tile else CUDA_BACKWARD_TILED_ELEMENTS
+        wanted = max(wanted, block_d)
     block_t = max(1, min(prev_pow2(max(1, wanted // block_d)), next_pow2(max(tokens, 1))))
+    if not target.interpreted:
+        # Small rows: shrink the token block until every core has work (the interpreter, which runs
+        # programs one by one, keeps large blocks).
+        slots = target.vector_cores * target.resident
+        block_t = max(1, min(block_t, prev_pow2(max(1, tokens // slots))))
     blocks = -(-tokens // block_t)
     # The backward is always persistent: each program owns one row of fp32 partial sums for the
     # query/weight gradient, reduced in a fixed order afterwards (deterministic, no atomics).
     persistent = True if backward else None
     grid = target.grid_size(blocks, persistent=persistent)
-    num_warps = min(8, max(4, block_t * block_d // (2048 if backward else 1024)))
+    if backward:
+        grid = min(grid, target.vector_cores * BACKWARD_PROGRAMS_PER_CORE)
+    num_warps = CUDA_NUM_WARPS
     # Two rows in flight per depth step was measured on the H100 only. The Ascend plan loads one: its
     # odd-N tail relies on masks that triton-ascend 3.2's interpreter drops when a mask is one
     # element and False (`if not mask` in its store/load), which BLOCK_T == 1 tiles hit.
