@@ -215,6 +215,10 @@ def measure(
             r["tflops"] = flops / (ms * 1e-3) / 1e12
         if memory:
             r["peak_mb"] = ctx.peak_mb(fn)
+        # Report each row as it lands: a run cut short by a time limit still shows what it measured.
+        pct = f" {r['pct_ceiling']:.1f}% of copy" if r.get("pct_ceiling") is not None else ""
+        mem = f" peak {r['peak_mb']:.0f} MB" if r.get("peak_mb") is not None else ""
+        ctx.progress(f"  {op} {case_name(case)} {provider} {mode}: {ms:.4g} ms{pct}{mem}")
         return r
     except Exception as e:  # noqa: BLE001 - one provider failing must not end the run
         ctx.empty_cache()
