@@ -77,3 +77,33 @@ def assert_close(name: str, out: torch.Tensor, ref: torch.Tensor, dtype: torch.d
     err = rel_err(out, ref)
     tol = RTOL[dtype] * scale
     assert err <= tol, f"{name}: relative error {err:.3e} > {tol:.1e} ({dtype})"
+
+
+def assert_compiles_like_eager(path: str, model: torch.nn.Module, x: torch.Tensor, rtol=1e-5, atol=1e-6) -> None:
+    """torch.compile(fullgraph=True) of `model` (no graph break) gives eager's output and parameter
+    gradients on `path`. rtol = atol = 0 asks for identical bits."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    with execution_path(path), opaque_triton_ops():
+        eager = model(x)
+        eager_grads = torch.autograd.grad(eager.square().sum(), params)
+        torch._dynamo.reset()
+        out = torch.compile(model, fullgraph=True, backend="aot_eager")(x)
+        grads = torch.autograd.grad(out.square().sum(), params)
+    torch.testing.assert_close(out, eager, rtol=rtol, atol=atol)
+    for g, ref in zip(grads, eager_grads):
+        torch.testing.assert_close(g, ref, rtol=rtol * 10, atol=atol)
+
+
+def assert_export_round_trip(path: str, model: torch.nn.Module, x: torch.Tensor, op: str, rtol=1e-5, atol=1e-6) -> None:
+    """torch.export keeps `fusedops.<op>` as a node, and the saved and reloaded program gives the
+    eager model's output on `path`."""
+    import io
+
+    with execution_path(path), opaque_triton_ops():
+        program = torch.export.export(model, (x,))
+        buffer = io.BytesIO()
+        torch.export.save(program, buffer)
+        buffer.seek(0)
+        reloaded = torch.export.load(buffer)
+        assert any(f"fusedops.{op}" in str(node.target) for node in reloaded.graph.nodes)
+        torch.testing.assert_close(reloaded.module()(x), model(x), rtol=rtol, atol=atol)

@@ -3,7 +3,6 @@ under the Triton interpreter (CPU CI), and on real kernels when a GPU is present
 
 from __future__ import annotations
 
-import io
 import math
 
 import pytest
@@ -16,7 +15,18 @@ import fusedops
 from fusedops.attn_res.plan import make_plan
 from fusedops.targets import cuda_target
 
-from .helpers import DTYPES, KERNEL_PATHS, PATHS, RTOL, assert_close, execution_path, gpu, opaque_triton_ops
+from .helpers import (
+    DTYPES,
+    KERNEL_PATHS,
+    PATHS,
+    RTOL,
+    assert_close,
+    assert_compiles_like_eager,
+    assert_export_round_trip,
+    execution_path,
+    gpu,
+    opaque_triton_ops,
+)
 
 TILED_BUDGET = 2048  # bytes: forces D tiles of 64-128 elements on both plans
 
@@ -280,33 +290,13 @@ class TinyDepthModel(torch.nn.Module):
 @pytest.mark.parametrize("path", PATHS)
 def test_compile_fullgraph_matches_eager(path):
     torch.manual_seed(5)
-    model, x = TinyDepthModel(), torch.randn(2, 5, 16)
-    with execution_path(path), opaque_triton_ops():
-        eager = model(x)
-        eager.sum().backward()
-        eager_grads = [p.grad.clone() for p in model.parameters()]
-        model.zero_grad()
-        torch._dynamo.reset()
-        compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
-        out = compiled(x)
-        out.sum().backward()
-    torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-6)
-    for p, g in zip(model.parameters(), eager_grads):
-        torch.testing.assert_close(p.grad, g, rtol=1e-4, atol=1e-6)
+    assert_compiles_like_eager(path, TinyDepthModel(), torch.randn(2, 5, 16))
 
 
 @pytest.mark.parametrize("path", PATHS)
 def test_export_round_trip(path):
     torch.manual_seed(6)
-    model, x = TinyDepthModel().eval(), torch.randn(2, 5, 16)
-    with execution_path(path), opaque_triton_ops():
-        program = torch.export.export(model, (x,))
-        assert any("fusedops.attn_res" in str(node.target) for node in program.graph.nodes)
-        buffer = io.BytesIO()
-        torch.export.save(program, buffer)
-        buffer.seek(0)
-        reloaded = torch.export.load(buffer)
-        torch.testing.assert_close(reloaded.module()(x), model(x), rtol=1e-5, atol=1e-6)
+    assert_export_round_trip(path, TinyDepthModel().eval(), torch.randn(2, 5, 16), "attn_res")
 
 
 # ---- bad input: ValueError naming the argument, for every path (checks never read tensor data) ----

@@ -3,12 +3,11 @@ both launch plans under the Triton interpreter (CPU CI), and on real kernels whe
 
 from __future__ import annotations
 
-import io
 
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import fusedops
@@ -18,7 +17,17 @@ from fusedops.embedding.plan import make_plan
 from fusedops.targets import ascend_target, cuda_target
 
 from .helpers import _env
-from .helpers import DTYPES, KERNEL_PATHS, PATHS, RTOL, assert_close, execution_path, gpu, opaque_triton_ops
+from .helpers import (
+    DTYPES,
+    KERNEL_PATHS,
+    PATHS,
+    assert_close,
+    assert_compiles_like_eager,
+    assert_export_round_trip,
+    execution_path,
+    gpu,
+    opaque_triton_ops,
+)
 
 TILED_BUDGET = 1024  # bytes: forces multi-tile grids and feature blocks of 8-32 elements on both plans
 FEW_CORES = "3"  # Ascend vector cores in tests: the persistent grid-stride loop then runs several tiles
@@ -302,32 +311,13 @@ class Tower(torch.nn.Module):
 @pytest.mark.parametrize("path", PATHS)
 def test_compile_fullgraph_matches_eager(path):
     torch.manual_seed(0)
-    model = Tower()
-    x = torch.randint(0, 13, (4, 6))
-    with execution_path(path), opaque_triton_ops():
-        eager = model(x)
-        (g_eager,) = torch.autograd.grad(eager.square().sum(), model.emb.weight)
-        torch._dynamo.reset()
-        compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
-        out = compiled(x)
-        (g_comp,) = torch.autograd.grad(out.square().sum(), model.emb.weight)
-    assert torch.equal(out, eager)
-    assert torch.equal(g_comp, g_eager)
+    assert_compiles_like_eager(path, Tower(), torch.randint(0, 13, (4, 6)), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("path", PATHS)
 def test_export_round_trip(path):
     torch.manual_seed(0)
-    model = Tower().eval()
-    x = torch.randint(0, 13, (3, 5))
-    with execution_path(path), opaque_triton_ops():
-        program = torch.export.export(model, (x,))
-        buffer = io.BytesIO()
-        torch.export.save(program, buffer)
-        buffer.seek(0)
-        reloaded = torch.export.load(buffer)
-        assert any("fusedops.embedding" in str(n.target) for n in reloaded.graph.nodes)
-        assert torch.equal(reloaded.module()(x), model(x))
+    assert_export_round_trip(path, Tower().eval(), torch.randint(0, 13, (3, 5)), "embedding", rtol=0, atol=0)
 
 
 # ----- the module -----------------------------------------------------------------------------------

@@ -3,7 +3,6 @@ issue's formulas, on the PyTorch reference and on both launch plans under the Tr
 
 from __future__ import annotations
 
-import io
 import math
 
 import pytest
@@ -16,7 +15,17 @@ from fusedops.neighborhood_attention import reference
 from fusedops.neighborhood_attention.plan import make_plan
 from fusedops.targets import ascend_target, cuda_target
 
-from .helpers import DTYPES, KERNEL_PATHS, PATHS, assert_close, execution_path, gpu, opaque_triton_ops
+from .helpers import (
+    DTYPES,
+    KERNEL_PATHS,
+    PATHS,
+    assert_close,
+    assert_compiles_like_eager,
+    assert_export_round_trip,
+    execution_path,
+    gpu,
+    opaque_triton_ops,
+)
 
 # ---- the oracle: per-axis key lists from the issue text, a dense S x S mask, float64 autograd ----------
 
@@ -337,33 +346,13 @@ class TinyModel(torch.nn.Module):
 @pytest.mark.parametrize("path", PATHS)
 def test_compile_fullgraph_matches_eager(path):
     torch.manual_seed(5)
-    model, x = TinyModel(), torch.randn(1, 5, 7, 16)
-    with execution_path(path), opaque_triton_ops():
-        eager = model(x)
-        eager.sum().backward()
-        eager_grads = [p.grad.clone() for p in model.parameters()]
-        model.zero_grad()
-        torch._dynamo.reset()
-        compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
-        out = compiled(x)
-        out.sum().backward()
-    torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-6)
-    for p, g in zip(model.parameters(), eager_grads):
-        torch.testing.assert_close(p.grad, g, rtol=1e-4, atol=1e-6)
+    assert_compiles_like_eager(path, TinyModel(), torch.randn(1, 5, 7, 16))
 
 
 @pytest.mark.parametrize("path", PATHS)
 def test_export_round_trip(path):
     torch.manual_seed(6)
-    model, x = TinyModel().eval(), torch.randn(1, 5, 7, 16)
-    with execution_path(path), opaque_triton_ops():
-        program = torch.export.export(model, (x,))
-        assert any("fusedops.neighborhood_attention" in str(node.target) for node in program.graph.nodes)
-        buffer = io.BytesIO()
-        torch.export.save(program, buffer)
-        buffer.seek(0)
-        reloaded = torch.export.load(buffer)
-        torch.testing.assert_close(reloaded.module()(x), model(x), rtol=1e-5, atol=1e-6)
+    assert_export_round_trip(path, TinyModel().eval(), torch.randn(1, 5, 7, 16), "neighborhood_attention")
 
 
 @pytest.mark.parametrize("cls,shape", [("NeighborhoodAttention1d", (2, 9, 16)), ("NeighborhoodAttention2d", (1, 5, 6, 16)),
