@@ -431,3 +431,15 @@ class TestGPU:
         eager = model(x)
         compiled = torch.compile(model, fullgraph=True)
         assert torch.allclose(compiled(x), eager)
+
+
+def test_inductor_compile_on_cpu_needs_no_wrapper_and_refuses_bad_indices():
+    """The CPU bounds check is data-dependent; traced, it becomes an assert inside the graph instead
+    of breaking it (no opaque_triton_ops needed), and a bad index still fails at run time."""
+    torch.manual_seed(0)
+    module = fusedops.nn.Embedding(50, 8)
+    compiled = torch.compile(lambda i: module(i), fullgraph=True)
+    good = torch.randint(0, 50, (3, 4))
+    torch.testing.assert_close(compiled(good), F.embedding(good, module.weight))
+    with pytest.raises(RuntimeError, match=r"indices outside the weight's rows \[0, 50\)"):
+        compiled(torch.tensor([[1, 50]]))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 from torch import Tensor
 from torch.library import wrap_triton
 
@@ -114,7 +115,13 @@ def embedding_op(weight: Tensor, indices: Tensor, padding_idx: Optional[int], sc
     tensors an out-of-range index raises IndexError; elsewhere the kernel masks it (a zero row)."""
     check_args(weight, indices, padding_idx)
     if indices.device.type == "cpu":
-        raise_if_out_of_range(indices, weight.shape[0])
+        if is_fake(indices):
+            # Traced by torch.compile/export: no data to name, but the compiled graph must still
+            # refuse a bad index rather than return the kernel's masked zero row.
+            in_range = ((indices >= 0) & (indices < weight.shape[0])).all()
+            torch._assert_async(in_range, f"fusedops.embedding: indices outside the weight's rows [0, {weight.shape[0]})")
+        else:
+            raise_if_out_of_range(indices, weight.shape[0])
     target = target_for(weight.device)
     if target is None:
         return reference.embedding(weight, indices, normalize_padding_idx(padding_idx, weight.shape[0]))
