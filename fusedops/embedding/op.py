@@ -112,7 +112,8 @@ def _backward(
 @fused_op("embedding")
 def embedding_op(weight: Tensor, indices: Tensor, padding_idx: Optional[int], scale_grad_by_freq: bool) -> Tensor:
     """Row gather out = weight[indices]. See `fusedops.embedding` for shapes and semantics. On CPU
-    tensors an out-of-range index raises IndexError; elsewhere the kernel masks it (a zero row)."""
+    tensors an out-of-range index raises IndexError (RuntimeError from the in-graph assert when
+    traced); elsewhere the kernel masks it (a zero row)."""
     check_args(weight, indices, padding_idx)
     if indices.device.type == "cpu":
         if is_fake(indices):
@@ -212,9 +213,10 @@ def embedding(
         max_norm, sparse: not supported; passing max_norm or sparse=True raises ValueError.
         check_bounds: on a GPU, check that every index is in [0, V) before the launch and raise
             IndexError naming the first offending value. This costs one small reduction and a host
-            sync; pass False to skip it. On CPU tensors the check always runs. With the check off
-            (or inside a torch.compile'd graph, where it is skipped) the kernels still never access
-            memory out of bounds: an out-of-range index yields a zero row and no gradient.
+            sync; pass False to skip it. On CPU tensors the check always runs (inside a
+            torch.compile'd graph on CPU it is an in-graph assert that raises RuntimeError). With
+            the check off (or in a compiled GPU graph, where it is skipped) the kernels still never
+            access memory out of bounds: an out-of-range index yields a zero row and no gradient.
 
     Returns:
         [*indices.shape, D] in weight's dtype.
