@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# One call on a CUDA machine: the GPU tests of every op, then `python -m bench`, with every log kept
+# under $OUT (default ./gpu-logs) as it is written, so a run cut by a time limit still leaves its
+# numbers. Baseline wheels in .whl/ (liger-kernel, fla-core, einops) are installed to /tmp/site first.
+#   OPS="attn_res embedding" TEST_S=200 BENCH_S=330 bash bench/gpu_check.sh
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu-logs}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1 \
+    && export PYTHONPATH="/tmp/site:$PYTHONPATH"
+fi
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
+tests=()
+for op in ${OPS:-attn_res embedding neighborhood_attention}; do tests+=("fusedops_tests/test_$op.py"); done
+timeout "${TEST_S:-200}" python3 -m pytest "${tests[@]}" -m gpu -q -p no:cacheprovider > "$OUT/gpu_tests.txt" 2>&1
+echo "gpu tests (exit $?):"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.txt" | tail -8
+timeout "${BENCH_S:-330}" python3 -m bench ${OPS:-} --device cuda --no-plots --out "$OUT" \
+  > "$OUT/bench.txt" 2> "$OUT/bench_progress.txt"
+echo "bench (exit $?):"
+if [ -s "$OUT/bench.txt" ]; then tail -n 70 "$OUT/bench.txt"; else grep -E "ms" "$OUT/bench_progress.txt" | tail -n 60; fi
