@@ -177,6 +177,15 @@ def test_many_sources_no_cap(path):
 
 
 @pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("dim", [4096, 7168, 16384])
+def test_model_sized_rows(path, dim):
+    """Real model widths at the default budgets: 16384 does not fit on chip in either plan, so the
+    forward walks D tiles twice and the backward walks them in both phases."""
+    case = (3, (2,), dim, torch.bfloat16, torch.float32, "bank", 1.0, 0.05, True, 1e-6, dim)
+    check_case(case, path)
+
+
+@pytest.mark.parametrize("path", PATHS)
 def test_zero_query_is_uniform_average(path):
     values = torch.randn(5, 3, 17)
     with execution_path(path):
