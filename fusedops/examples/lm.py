@@ -215,9 +215,9 @@ def pick_device(name: Optional[str] = None) -> torch.device:
 
 def graph_context(device: torch.device):
     """The context for torch.compile and torch.export. On CPU the fusedops ops stay single opaque graph
-    nodes (`fusedops.registry.opaque_triton_ops`): their bodies there are the PyTorch reference, which
-    reads data (the embedding's bounds check), or Triton kernels under the interpreter, which cannot be
-    traced. On a GPU the compiler sees through the ops into their Triton kernels."""
+    nodes (`fusedops.registry.opaque_triton_ops`), so the exported program keeps `fusedops.*` calls
+    and the interpreter's Triton kernels, which cannot be traced, run as they are. On a GPU the
+    compiler sees through the ops into their Triton kernels."""
     return opaque_triton_ops() if device.type == "cpu" else contextlib.nullcontext()
 
 
