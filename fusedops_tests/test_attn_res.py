@@ -186,6 +186,27 @@ def test_model_sized_rows(path, dim):
 
 
 @pytest.mark.parametrize("path", PATHS)
+def test_empty_batch(path):
+    values = torch.randn(3, 0, 5, 8, requires_grad=True)
+    query, weight = torch.randn(8, requires_grad=True), torch.rand(8, requires_grad=True)
+    with execution_path(path):
+        out = fusedops.attn_res(values, query, weight)
+        out.sum().backward()
+    assert out.shape == (0, 5, 8) and values.grad.shape == values.shape
+    assert torch.equal(query.grad, torch.zeros(8)) and torch.equal(weight.grad, torch.zeros(8))
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_broadcast_sources_and_batch(path):
+    """Stride-0 (expanded) depth and batch dims are read in place; N copies of one row mix to it."""
+    row = torch.randn(1, 1, 4, 8)
+    values = row.expand(5, 3, 4, 8)
+    with execution_path(path):
+        out = fusedops.attn_res(values, torch.randn(8), torch.rand(8))
+    torch.testing.assert_close(out, row[0].expand(3, 4, 8), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("path", PATHS)
 def test_zero_query_is_uniform_average(path):
     values = torch.randn(5, 3, 17)
     with execution_path(path):
