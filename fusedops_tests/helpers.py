@@ -107,3 +107,17 @@ def assert_export_round_trip(path: str, model: torch.nn.Module, x: torch.Tensor,
         reloaded = torch.export.load(buffer)
         assert any(f"fusedops.{op}" in str(node.target) for node in reloaded.graph.nodes)
         torch.testing.assert_close(reloaded.module()(x), model(x), rtol=rtol, atol=atol)
+
+
+def assert_inductor_like_eager(model: torch.nn.Module, x: torch.Tensor, rtol=2e-2, atol=2e-2) -> None:
+    """On a GPU, Inductor compiles the ops' Triton kernels into its own graph (triton_op + wrap_triton,
+    no opaque node): fullgraph compile must match eager, forward and parameter gradients."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    eager = model(x)
+    eager_grads = torch.autograd.grad(eager.float().square().sum(), params)
+    torch._dynamo.reset()
+    out = torch.compile(model, fullgraph=True)(x)
+    grads = torch.autograd.grad(out.float().square().sum(), params)
+    torch.testing.assert_close(out, eager, rtol=rtol, atol=atol)
+    for g, ref in zip(grads, eager_grads):
+        torch.testing.assert_close(g, ref, rtol=rtol, atol=atol * max(1.0, ref.abs().max().item()))

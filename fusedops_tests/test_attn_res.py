@@ -23,6 +23,7 @@ from .helpers import (
     assert_close,
     assert_compiles_like_eager,
     assert_export_round_trip,
+    assert_inductor_like_eager,
     execution_path,
     gpu,
     opaque_triton_ops,
@@ -412,3 +413,11 @@ def test_gpu_matches_einsum(case):
     out, grads = run_op(values, query, weight, eps, grad_out)
     assert_close("out", out, ref_out, values.dtype)
     assert_grads_close(grads, ref_grads, values, query, weight, eps, grad_out)
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_inductor_fullgraph_matches_eager():
+    torch.manual_seed(7)
+    model = TinyDepthModel(dim=256, depth=4).cuda()
+    assert_inductor_like_eager(model, torch.randn(4, 64, 256, device="cuda"))

@@ -22,6 +22,7 @@ from .helpers import (
     assert_close,
     assert_compiles_like_eager,
     assert_export_round_trip,
+    assert_inductor_like_eager,
     execution_path,
     gpu,
     opaque_triton_ops,
@@ -486,3 +487,10 @@ def test_gpu_real_sizes(spec, dtype):
 def test_gpu_matches_dense_oracle(case):
     check_case(case, "cuda")
 
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_inductor_fullgraph_matches_eager():
+    torch.manual_seed(7)
+    assert_inductor_like_eager(TinyModel().cuda(), torch.randn(2, 12, 14, 16, device="cuda"))
