@@ -208,6 +208,23 @@ def test_broadcast_sources_and_batch(path):
 
 
 @pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("n", [1, 3])
+def test_strongly_negative_logits_keep_gradients_finite(path, n):
+    """Every logit below -88 (exp underflows/overflows in fp32): odd N exercises the unrolled
+    backward's masked tail, whose missing row must weigh zero rather than exp(0 - lse) = inf."""
+    gen = torch.Generator().manual_seed(n)
+    direction = torch.nn.functional.normalize(torch.randn(64, generator=gen), dim=0)
+    values = (-direction + 0.01 * torch.randn(n, 2, 64, generator=gen))  # anti-aligned with the query
+    query, weight, grad_out = 40 * direction, torch.rand(64, generator=gen) + 0.5, torch.randn(2, 64, generator=gen)
+    ref_out, ref_grads = reference_grads(values, query, weight, 1e-6, grad_out)
+    with execution_path(path):
+        out, grads = run_op(values, query, weight, 1e-6, grad_out)
+    assert all(torch.isfinite(g).all() for g in grads)
+    assert_close("out", out, ref_out, torch.float32)
+    assert_grads_close(grads, ref_grads, values, query, weight, 1e-6, grad_out)
+
+
+@pytest.mark.parametrize("path", PATHS)
 def test_zero_query_is_uniform_average(path):
     values = torch.randn(5, 3, 17)
     with execution_path(path):

@@ -132,8 +132,10 @@ def _softmax_step(m, denom, g_out, logit, gv):
 
 @triton.jit
 def _grad_row(x, g, u, logit, rstd, gv, lse, g_out, D):
-    """(dL/dv_i, ds_i * rstd_i) of one source row."""
-    alpha = tl.exp(logit - lse)
+    """(dL/dv_i, ds_i * rstd_i) of one source row. lse >= every logit, so the clamp changes nothing
+    for a real row; a masked-off row (logit 0, rstd 0) then weighs at most 1 instead of overflowing
+    exp(0 - lse) to inf when every logit is below -88, which would turn its zero terms into NaN."""
+    alpha = tl.exp(tl.minimum(logit - lse, 0.0))
     coef = alpha * (gv - g_out) * rstd
     dx = alpha[:, None] * g + coef[:, None] * (u[None, :] - (logit * rstd / D)[:, None] * x)
     return dx, coef
