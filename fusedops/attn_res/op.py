@@ -49,10 +49,10 @@ def check_args(values: Tensor, query: Tensor, norm_weight: Optional[Tensor], eps
         check_last_dim_contiguous("norm_weight", norm_weight)
 
 
-def _walk(values: Tensor) -> tuple[int, int, int, int, int, int]:
-    """(S1, S2, ST0, ST1, ST2, tokens) of the kernels' batch walk over values' dims 1..-2."""
+def _walk(values: Tensor) -> tuple[int, int, int, int, int]:
+    """(S1, S2, ST0, ST1, ST2) of the kernels' batch walk over values' dims 1..-2."""
     sizes, strides = batch_walk("values", values.shape[1:-1], values.stride()[1:-1])
-    return sizes[1], sizes[2], strides[0], strides[1], strides[2], sizes[0] * sizes[1] * sizes[2]
+    return sizes[1], sizes[2], strides[0], strides[1], strides[2]
 
 
 def _forward(
@@ -63,7 +63,7 @@ def _forward(
     tokens = out.numel() // dim
     if tokens == 0:
         return out
-    s1, s2, st0, st1, st2, _ = _walk(values)
+    s1, s2, st0, st1, st2 = _walk(values)
     plan = plan or make_plan(target, tokens, dim, values.element_size(), backward=False)
     logits = out if plan.one_tile else values.new_empty((n, tokens), dtype=torch.float32)
     wrap_triton(attn_res_fwd_kernel)[(plan.grid,)](
@@ -88,10 +88,12 @@ def _backward(
     if not (need_values or need_du):
         return grad_values, grad_query, grad_weight
     plan = plan or make_plan(target, tokens, dim, values.element_size(), backward=True)
-    partial = values.new_zeros((plan.grid if tokens else 1, dim), dtype=torch.float32)
+    # One fp32 row of query/weight-gradient partial sums per program; not even allocated when only
+    # grad_values is wanted (frozen mixing parameters).
+    partial = values.new_zeros((plan.grid if tokens else 1, dim) if need_du else (1,), dtype=torch.float32)
     if tokens:
         grad_out = grad_out.contiguous()
-        s1, s2, st0, st1, st2, _ = _walk(values)
+        s1, s2, st0, st1, st2 = _walk(values)
         stats = values.new_empty((3, n, tokens), dtype=torch.float32)
         weight = query if norm_weight is None else norm_weight
         wrap_triton(attn_res_bwd_kernel)[(plan.grid,)](
