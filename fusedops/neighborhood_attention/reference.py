@@ -80,20 +80,24 @@ def _chunk(b: int, h: int, k: int, d: int) -> int:
     return max(1, CHUNK_ELEMENTS // max(1, b * h * k * d))
 
 
+def _gqa_views(q, k, v, kernel_size, dilation, stride, is_causal, window):
+    """The neighbour table on q's device, q as [B, H_kv, G, S, D] (G query heads share a k/v head),
+    k and v as [B, H_kv, S, D]."""
+    index, valid = neighbor_table(q.shape[2:-1], kernel_size, dilation, stride, is_causal, window)
+    index, valid = index.to(q.device), valid.to(q.device)
+    kv_heads = k.shape[1]
+    qf = _flat(q).reshape(q.shape[0], kv_heads, q.shape[1] // kv_heads, index.shape[0], -1)
+    return index, valid, qf, _flat(k), _flat(v)
+
+
 def neighborhood_attention(
     q: Tensor, k: Tensor, v: Tensor, kernel_size: Sequence[int], dilation: Sequence[int],
     stride: Sequence[int], is_causal: Sequence[bool], scale: float, window: str,
 ) -> tuple[Tensor, Tensor]:
     """(out [B, H, *spatial, Dv] in q's dtype, lse [B, H, *spatial] float32)."""
-    batch, heads = q.shape[:2]
-    spatial = q.shape[2:-1]
-    kv_heads = k.shape[1]
-    groups = heads // kv_heads
-    index, valid = neighbor_table(spatial, kernel_size, dilation, stride, is_causal, window)
-    index, valid = index.to(q.device), valid.to(q.device)
-    tokens, kernel = index.shape
-    qf = _flat(q).reshape(batch, kv_heads, groups, tokens, -1)
-    kf, vf = _flat(k), _flat(v)
+    index, valid, qf, kf, vf = _gqa_views(q, k, v, kernel_size, dilation, stride, is_causal, window)
+    batch, kv_heads, groups, tokens = qf.shape[:4]
+    kernel = index.shape[1]
     out = q.new_empty(batch, kv_heads, groups, tokens, v.shape[-1])
     lse = torch.empty(batch, kv_heads, groups, tokens, dtype=torch.float32, device=q.device)
     step = _chunk(batch, kv_heads, kernel, max(q.shape[-1], v.shape[-1]) * 2)
@@ -108,10 +112,7 @@ def neighborhood_attention(
         p = torch.exp(logits - row_lse[..., None])
         out[:, :, :, r0:r1] = torch.einsum("bhgck,bhckd->bhgcd", p, vg).to(out.dtype)
         lse[:, :, :, r0:r1] = row_lse
-    return (
-        out.reshape(batch, heads, *spatial, v.shape[-1]),
-        lse.reshape(batch, heads, *spatial),
-    )
+    return out.reshape(*q.shape[:-1], v.shape[-1]), lse.reshape(q.shape[:-1])
 
 
 def neighborhood_attention_backward(
@@ -124,15 +125,9 @@ def neighborhood_attention_backward(
       dV_j = sum_i p_ij dO_i,  dS_ij = p_ij (dO_i.v_j - delta_i),
       dQ_i = scale sum_j dS_ij k_j,  dK_j = scale sum_i dS_ij q_i
     """
-    batch, heads = q.shape[:2]
-    spatial = q.shape[2:-1]
-    kv_heads = k.shape[1]
-    groups = heads // kv_heads
-    index, valid = neighbor_table(spatial, kernel_size, dilation, stride, is_causal, window)
-    index, valid = index.to(q.device), valid.to(q.device)
-    tokens, kernel = index.shape
-    qf = _flat(q).reshape(batch, kv_heads, groups, tokens, -1)
-    kf, vf = _flat(k), _flat(v)
+    index, valid, qf, kf, vf = _gqa_views(q, k, v, kernel_size, dilation, stride, is_causal, window)
+    batch, kv_heads, groups, tokens = qf.shape[:4]
+    heads, kernel = q.shape[1], index.shape[1]
     go = _flat(grad_out).reshape(batch, kv_heads, groups, tokens, -1)
     of = _flat(out).reshape(batch, kv_heads, groups, tokens, -1)
     lf = lse.reshape(batch, kv_heads, groups, tokens).float()
