@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -240,7 +240,3 @@ def target_for(device: torch.device) -> Target | None:
             return ascend_target(interpreted=True)
         return None
     raise NotImplementedError(f"fusedops has no kernels for device type {device.type!r}")
-
-
-def with_onchip_bytes(target: Target, onchip_bytes: int) -> Target:
-    return replace(target, onchip_bytes=onchip_bytes)

@@ -29,22 +29,24 @@ INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 
 
+def _put_env(name: str, value: Optional[str]) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+
+
 @contextlib.contextmanager
 def _env(**updates: Optional[str]) -> Iterator[None]:
+    """Set (a str) or unset (None) environment variables for the duration of the block."""
     saved = {k: os.environ.get(k) for k in updates}
     try:
         for k, v in updates.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+            _put_env(k, v)
         yield
     finally:
         for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+            _put_env(k, v)
 
 
 @contextlib.contextmanager

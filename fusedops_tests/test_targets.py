@@ -5,6 +5,7 @@ tests also run in the triton-ascend CI stage (marked `ascend`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -196,7 +197,7 @@ def ascend_targets():
     """The Ascend plan at several UB sizes, as on hardware and under the interpreter."""
     out = []
     for ub, interpreted in itertools.product(UB_SIZES, (False, True)):
-        t = targets.replace(ascend_target(interpreted=True), onchip_bytes=ub, interpreted=interpreted)
+        t = dataclasses.replace(ascend_target(interpreted=True), onchip_bytes=ub, interpreted=interpreted)
         out.append(t)
     return out
 

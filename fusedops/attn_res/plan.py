@@ -40,10 +40,6 @@ class Plan:
     unroll: int = 1  # source rows loaded per depth step (2: two independent loads in flight)
     num_stages: int = 1
 
-    @property
-    def programs(self) -> int:
-        return self.grid
-
 
 def make_plan(target: Target, tokens: int, dim: int, elem_size: int, *, backward: bool) -> Plan:
     per_element = BACKWARD_BYTES_PER_ELEMENT if backward else FORWARD_BYTES_PER_ELEMENT
