@@ -3,15 +3,27 @@
 `fused_op` wraps `torch.library.triton_op` under the `fusedops::` namespace and remembers the
 implementation, so that `register_npu_kernels` can give each op an explicit PrivateUse1 ("npu")
 kernel when torch_npu is present. The op body itself picks the plan from the tensors' device type.
+
+Eager calls skip the dispatcher where that is safe (`direct_call_ok`): the torch.ops path of a
+triton_op costs ~0.1-0.2 ms of host time per call (fill_defaults, redispatch, the autograd wrapper),
+more than a whole small kernel. The wrappers then run the same implementation through a plain
+torch.autograd.Function (`direct_autograd`); whatever traces (torch.compile, export, fake tensors,
+functorch transforms, tensor subclasses, modes) goes through torch.ops and sees the registered op.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Callable
 
 import torch
 from torch.library import triton_op
+
+try:  # torch >= 2.6: launch wrap_triton kernels directly instead of through the tracing HOP
+    from torch._library.triton import set_wrap_triton_enabled
+except ImportError:  # pragma: no cover
+    set_wrap_triton_enabled = None
 
 NAMESPACE = "fusedops"
 
@@ -71,3 +83,66 @@ def opaque_triton_ops():
     if hasattr(functorch_config, "decompose_custom_triton_ops"):
         return functorch_config.patch(decompose_custom_triton_ops=False)
     return contextlib.nullcontext()
+
+
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+
+
+def direct_call_ok(*tensors) -> bool:
+    """Whether an eager call may run an op's implementation directly rather than through torch.ops:
+    not tracing (torch.compile, export), no torch function or dispatch mode (fake tensors, make_fx,
+    FunctionalTensorMode), no functorch transform (vmap, grad), and every tensor a plain Tensor or
+    Parameter (no subclass). None entries are skipped."""
+    if set_wrap_triton_enabled is None or torch.compiler.is_compiling():
+        return False
+    if torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled():
+        return False
+    if torch._C._functorch.peek_interpreter_stack() is not None:
+        return False
+    return all(t is None or type(t) in _PLAIN_TENSORS for t in tensors)
+
+
+def call_direct(fn: Callable, *args):
+    """Run an op implementation with its wrap_triton launches going straight to Triton (as
+    triton_op's own eager kernel does)."""
+    with set_wrap_triton_enabled(False):
+        return fn(*args)
+
+
+def direct_autograd(name: str, forward: Callable, setup_context: Callable, backward: Callable) -> type:
+    """A torch.autograd.Function running `forward` (an op's checked-args implementation) with the op's
+    own setup_context and backward rule. The backward rule decides again whether to call the backward
+    implementation directly (see `backward_direct_ok`)."""
+
+    def run(ctx, *args):
+        # forward(ctx, ...) rather than a separate setup_context staticmethod: with the latter,
+        # autograd.Function.apply binds the arguments through inspect.signature on every call.
+        output = call_direct(forward, *args)
+        setup_context(ctx, args, output)
+        return output
+
+    return type(name, (torch.autograd.Function,), {"forward": staticmethod(run), "backward": staticmethod(backward)})
+
+
+def backward_direct_ok(*tensors) -> bool:
+    """direct_call_ok for a backward rule: also requires grad mode off, so a double backward
+    (create_graph=True) goes through the backward op, which refuses it, instead of silently
+    returning gradients that carry no graph."""
+    return not torch.is_grad_enabled() and direct_call_ok(*tensors)
+
+
+def memoize(fn: Callable) -> Callable:
+    """lru_cache for launch specs, skipped when an argument is unhashable (symbolic sizes while
+    torch.compile traces with dynamic shapes)."""
+    cached = functools.lru_cache(maxsize=1024)(fn)
+
+    @functools.wraps(fn)
+    def call(*args):
+        try:
+            hash(args)
+        except TypeError:
+            return fn(*args)
+        return cached(*args)
+
+    call.cache_clear = cached.cache_clear  # type: ignore[attr-defined]
+    return call

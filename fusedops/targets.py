@@ -4,7 +4,7 @@ A kernel source serves every vendor; what differs between an H100 and an Ascend 
 numbers (how many programs run at once, how many bytes one program may keep on chip, how large a grid
 may be). Each op's planner turns a `Target` plus the problem shape into block sizes and a grid.
 
-Environment overrides (read at every launch, so tests can force small budgets):
+Environment overrides (looked up at every launch, so tests can force small budgets):
   FUSEDOPS_INTERPRET            cuda | ascend: run the Triton kernels on CPU tensors in the Triton
                                 interpreter (needs TRITON_INTERPRET=1) under that vendor's plan.
   FUSEDOPS_CUDA_ONCHIP_BYTES    per-program on-chip budget of the CUDA plan.
@@ -226,17 +226,35 @@ def interpret_mode() -> str | None:
     return mode
 
 
+# Every variable a Target depends on; target_for caches one Target per device and their values.
+_ENV_KEYS = (
+    INTERPRET_ENV, "TRITON_INTERPRET", "FUSEDOPS_CUDA_ONCHIP_BYTES", "FUSEDOPS_ASCEND_UB_BYTES",
+    "FUSEDOPS_ASCEND_VECTOR_CORES", "FUSEDOPS_ASCEND_AI_CORES",
+)
+
+
 def target_for(device: torch.device) -> Target | None:
-    """The target whose plan runs on `device`, or None where the PyTorch reference runs (plain CPU)."""
-    if device.type == "cuda":
+    """The target whose plan runs on `device`, or None where the PyTorch reference runs (plain CPU).
+    Cached per device and environment (it is asked on every launch)."""
+    index = device.index
+    if device.type == "cuda" and index is None:
+        index = torch.cuda.current_device()
+    return _target_for(device.type, index, tuple(map(os.environ.get, _ENV_KEYS)))
+
+
+@functools.lru_cache(maxsize=64)
+def _target_for(kind: str, index: int | None, env: tuple) -> Target | None:
+    del env  # part of the cache key only: the builders below read the same variables
+    device = torch.device(kind, index) if index is not None else torch.device(kind)
+    if kind == "cuda":
         return cuda_target(device)
-    if device.type == "npu":
+    if kind == "npu":
         return ascend_target(device)
-    if device.type == "cpu":
+    if kind == "cpu":
         mode = interpret_mode()
         if mode == "cuda":
             return cuda_target(interpreted=True)
         if mode == "ascend":
             return ascend_target(interpreted=True)
         return None
-    raise NotImplementedError(f"fusedops has no kernels for device type {device.type!r}")
+    raise NotImplementedError(f"fusedops has no kernels for device type {kind!r}")
