@@ -54,6 +54,7 @@ def attn_res_fwd_kernel(
     Otherwise: pass 1 walks D tiles to get the logits (kept in `logits_ptr`, [N, T] fp32), pass 2
     walks D tiles again and sums the weighted rows (the re-read mostly hits L2 / is local on Ascend).
     """
+    eps = tl.cast(eps, tl.float32)  # Inductor passes Python floats as fp64
     pid = tl.program_id(0)
     num_blocks = tl.cdiv(T, BLOCK_T)
     for block in range(pid, num_blocks, tl.num_programs(0)):
@@ -161,6 +162,7 @@ def attn_res_bwd_kernel(
     STAT_PLANE = N * T and DV_STEP = T * D are passed from the host so they cannot overflow int32;
     LAST_N, LAST_STAT, LAST_DV: offsets of depth N-1 in values, one stats plane, and grad_values.
     """
+    eps = tl.cast(eps, tl.float32)  # Inductor passes Python floats as fp64
     pid = tl.program_id(0)
     num_blocks = tl.cdiv(T, BLOCK_T)
     for block in range(pid, num_blocks, tl.num_programs(0)):

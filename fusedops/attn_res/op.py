@@ -6,10 +6,10 @@ from typing import Optional
 
 import torch
 from torch import Tensor
-from torch.library import wrap_triton
 
+from fusedops.launch import launch
 from fusedops.layout import batch_walk
-from fusedops.registry import fused_op
+from fusedops.registry import backward_direct_ok, call_direct, direct_autograd, direct_call_ok, fused_op
 from fusedops.targets import Target, target_for
 from fusedops.validation import (
     check_float,
@@ -66,11 +66,12 @@ def _forward(
     s1, s2, st0, st1, st2 = _walk(values)
     plan = plan or make_plan(target, tokens, dim, values.element_size(), backward=False)
     logits = out if plan.one_tile else values.new_empty((n, tokens), dtype=torch.float32)
-    wrap_triton(attn_res_fwd_kernel)[(plan.grid,)](
-        values, query, query if norm_weight is None else norm_weight, out, logits,
-        n, tokens, dim, s1, s2, st0, st1, st2, values.stride(0), eps,
-        HAS_WEIGHT=norm_weight is not None, ONE_TILE=plan.one_tile, UNROLL=plan.unroll,
-        BLOCK_T=plan.block_t, BLOCK_D=plan.block_d, num_warps=plan.num_warps, num_stages=plan.num_stages,
+    launch(
+        attn_res_fwd_kernel, (plan.grid,),
+        (values, query, query if norm_weight is None else norm_weight, out, logits),
+        (n, tokens, dim, s1, s2, st0, st1, st2, values.stride(0), eps),
+        dict(HAS_WEIGHT=norm_weight is not None, ONE_TILE=plan.one_tile, UNROLL=plan.unroll,
+             BLOCK_T=plan.block_t, BLOCK_D=plan.block_d, num_warps=plan.num_warps, num_stages=plan.num_stages),
     )
     return out
 
@@ -96,34 +97,53 @@ def _backward(
         s1, s2, st0, st1, st2 = _walk(values)
         stats = values.new_empty((3, n, tokens), dtype=torch.float32)
         weight = query if norm_weight is None else norm_weight
-        wrap_triton(attn_res_bwd_kernel)[(plan.grid,)](
-            grad_out, values, query, weight, grad_values if need_values else grad_out, partial, stats,
-            n, tokens, dim, s1, s2, st0, st1, st2, values.stride(0), n * tokens, tokens * dim,
-            (n - 1) * values.stride(0), (n - 1) * tokens, (n - 1) * tokens * dim, eps,
-            HAS_WEIGHT=norm_weight is not None, NEED_DV=need_values, NEED_DU=need_du, ONE_TILE=plan.one_tile,
-            UNROLL=plan.unroll, BLOCK_T=plan.block_t, BLOCK_D=plan.block_d,
-            num_warps=plan.num_warps, num_stages=plan.num_stages,
+        launch(
+            attn_res_bwd_kernel, (plan.grid,),
+            (grad_out, values, query, weight, grad_values if need_values else grad_out, partial, stats),
+            (n, tokens, dim, s1, s2, st0, st1, st2, values.stride(0), n * tokens, tokens * dim,
+             (n - 1) * values.stride(0), (n - 1) * tokens, (n - 1) * tokens * dim, eps),
+            dict(HAS_WEIGHT=norm_weight is not None, NEED_DV=need_values, NEED_DU=need_du, ONE_TILE=plan.one_tile,
+                 UNROLL=plan.unroll, BLOCK_T=plan.block_t, BLOCK_D=plan.block_d,
+                 num_warps=plan.num_warps, num_stages=plan.num_stages),
         )
     if need_du:
         block_d, block_p, grid = reduce_plan(target, dim, partial.shape[0])
-        wrap_triton(attn_res_param_grad_kernel)[(grid,)](
-            partial, query, query if norm_weight is None else norm_weight,
-            grad_query if need_query else partial, grad_weight if need_norm_weight else partial,
-            partial.shape[0], dim,
-            HAS_WEIGHT=norm_weight is not None, NEED_DQ=need_query, NEED_DW=need_norm_weight,
-            BLOCK_P=block_p, BLOCK_D=block_d,
+        launch(
+            attn_res_param_grad_kernel, (grid,),
+            (partial, query, query if norm_weight is None else norm_weight,
+             grad_query if need_query else partial, grad_weight if need_norm_weight else partial),
+            (partial.shape[0], dim),
+            dict(HAS_WEIGHT=norm_weight is not None, NEED_DQ=need_query, NEED_DW=need_norm_weight,
+                 BLOCK_P=block_p, BLOCK_D=block_d),
         )
     return grad_values, grad_query, grad_weight
+
+
+def _run(values: Tensor, query: Tensor, norm_weight: Optional[Tensor], eps: float) -> Tensor:
+    """The op on checked arguments: kernels under the device's plan, or the reference."""
+    target = target_for(values.device)
+    if target is None:
+        return reference.attn_res(values, query, norm_weight, eps)
+    return _forward(values, query, norm_weight, eps, target)
+
+
+def _run_backward(grad_out, values, query, norm_weight, eps, need_values, need_query, need_norm_weight):
+    target = target_for(values.device)
+    if target is None:
+        grads = reference.attn_res_backward(
+            grad_out, values, query, norm_weight, eps, need_values, need_query, need_norm_weight
+        )
+        return tuple(g if g is not None else values.new_empty(0) for g in grads)
+    return _backward(
+        grad_out, values, query, norm_weight, eps, need_values, need_query, need_norm_weight, target
+    )
 
 
 @fused_op("attn_res")
 def attn_res_op(values: Tensor, query: Tensor, norm_weight: Optional[Tensor], eps: float) -> Tensor:
     """AttnRes depth mixing. See `fusedops.attn_res` for shapes, dtypes and semantics."""
     check_args(values, query, norm_weight, eps)
-    target = target_for(values.device)
-    if target is None:
-        return reference.attn_res(values, query, norm_weight, eps)
-    return _forward(values, query, norm_weight, eps, target)
+    return _run(values, query, norm_weight, eps)
 
 
 @fused_op("attn_res_backward")
@@ -144,15 +164,7 @@ def attn_res_backward_op(
     need_norm_weight = need_norm_weight and norm_weight is not None
     if grad_out.shape != values.shape[1:]:
         raise ValueError(f"grad_out must have shape {tuple(values.shape[1:])}, got {tuple(grad_out.shape)}")
-    target = target_for(values.device)
-    if target is None:
-        grads = reference.attn_res_backward(
-            grad_out, values, query, norm_weight, eps, need_values, need_query, need_norm_weight
-        )
-        return tuple(g if g is not None else values.new_empty(0) for g in grads)  # type: ignore[return-value]
-    return _backward(
-        grad_out, values, query, norm_weight, eps, need_values, need_query, need_norm_weight, target
-    )
+    return _run_backward(grad_out, values, query, norm_weight, eps, need_values, need_query, need_norm_weight)
 
 
 @attn_res_op.register_fake
@@ -181,9 +193,15 @@ def _setup_context(ctx, inputs, output):
 def _backward_rule(ctx, grad_out):
     values, query, norm_weight = ctx.saved_tensors
     need_values, need_query, need_weight = ctx.needs_input_grad[:3]
-    grad_values, grad_query, grad_weight = torch.ops.fusedops.attn_res_backward(
-        grad_out, values, query, norm_weight, ctx.eps, need_values, need_query, need_weight
-    )
+    if backward_direct_ok(grad_out, values, query, norm_weight):
+        grad_values, grad_query, grad_weight = call_direct(
+            _run_backward, grad_out, values, query, norm_weight, ctx.eps, need_values, need_query,
+            need_weight and norm_weight is not None,
+        )
+    else:
+        grad_values, grad_query, grad_weight = torch.ops.fusedops.attn_res_backward(
+            grad_out, values, query, norm_weight, ctx.eps, need_values, need_query, need_weight
+        )
     return (
         grad_values if need_values else None,
         grad_query if need_query else None,
@@ -193,6 +211,7 @@ def _backward_rule(ctx, grad_out):
 
 
 attn_res_op.register_autograd(_backward_rule, setup_context=_setup_context)
+_Direct = direct_autograd("AttnRes", _run, _setup_context, _backward_rule)
 
 
 def attn_res(values: Tensor, query: Tensor, norm_weight: Optional[Tensor] = None, eps: float = 1e-6) -> Tensor:
@@ -216,4 +235,7 @@ def attn_res(values: Tensor, query: Tensor, norm_weight: Optional[Tensor] = None
     ``fusedops::attn_res_backward`` (deterministic, O(tokens x N) fp32 scratch, no copy of values).
     Raises ValueError naming the argument on bad input.
     """
+    check_args(values, query, norm_weight, eps)
+    if direct_call_ok(values, query, norm_weight):
+        return _Direct.apply(values, query, norm_weight, eps)
     return torch.ops.fusedops.attn_res(values, query, norm_weight, eps)

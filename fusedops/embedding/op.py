@@ -7,9 +7,9 @@ from typing import Optional
 import torch
 from torch._subclasses.fake_tensor import is_fake
 from torch import Tensor
-from torch.library import wrap_triton
 
-from fusedops.registry import fused_op
+from fusedops.launch import launch
+from fusedops.registry import backward_direct_ok, call_direct, direct_autograd, direct_call_ok, fused_op
 from fusedops.targets import Target, target_for
 from fusedops.validation import check_float
 
@@ -73,22 +73,25 @@ def _forward(weight: Tensor, indices: Tensor, target: Target) -> Tensor:
     if tokens == 0 or dim == 0:
         return out
     plan = make_plan(target, tokens, dim, weight.element_size(), backward=False)
-    wrap_triton(embedding_fwd_kernel)[(plan.grid,)](
-        indices.reshape(-1), weight, out,
-        tokens, num_weights, dim, weight.stride(0), weight.stride(1),
-        BLOCK_T=plan.block_rows, BLOCK_D=plan.block_d, num_warps=plan.num_warps,
+    launch(
+        embedding_fwd_kernel, (plan.grid,), (indices.reshape(-1), weight, out),
+        (tokens, num_weights, dim, weight.stride(0), weight.stride(1)),
+        dict(BLOCK_T=plan.block_rows, BLOCK_D=plan.block_d, num_warps=plan.num_warps),
     )
     return out
 
 
 def _run_offsets(flat: Tensor, num_weights: int) -> tuple[Tensor, Tensor]:
     """(perm, offsets): token positions sorted stably by index, and where each index's run starts
-    in that order ([V + 1], int64). Out-of-range indices sort outside [offsets[0], offsets[V])."""
+    in that order ([V + 1], int64: offsets[r] = how many indices are < r). Out-of-range indices
+    sort outside [offsets[0], offsets[V]). The offsets come from a histogram (integer counts: exact
+    and deterministic) and a prefix sum, cheaper than a binary search per row."""
     if flat.numel() == 0:
         return flat.new_zeros(1, dtype=torch.int64), flat.new_zeros(num_weights + 1, dtype=torch.int64)
-    keys, perm = torch.sort(flat, stable=True)
-    bounds = torch.arange(num_weights + 1, dtype=keys.dtype, device=keys.device)
-    return perm, torch.searchsorted(keys, bounds)
+    _, perm = torch.sort(flat, stable=True)
+    # bucket 0 counts indices < 0, bucket r + 1 index r, bucket V + 1 indices >= V
+    counts = torch.bincount(flat.clamp(-1, num_weights) + 1, minlength=num_weights + 2)
+    return perm, counts[: num_weights + 1].cumsum(0)
 
 
 def _backward(
@@ -101,12 +104,27 @@ def _backward(
     perm, offsets = _run_offsets(indices.reshape(-1), num_weights)
     grad2d = grad_out.reshape(-1, dim)
     plan = make_plan(target, num_weights, dim, grad_out.element_size(), backward=True)
-    wrap_triton(embedding_bwd_kernel)[(plan.grid,)](
-        grad2d, perm, offsets, grad_weight,
-        num_weights, dim, grad2d.stride(0), grad2d.stride(1), padding_idx,
-        SCALE=scale_grad_by_freq, BLOCK_R=plan.block_rows, BLOCK_D=plan.block_d, num_warps=plan.num_warps,
+    launch(
+        embedding_bwd_kernel, (plan.grid,), (grad2d, perm, offsets, grad_weight),
+        (num_weights, dim, grad2d.stride(0), grad2d.stride(1), padding_idx),
+        dict(SCALE=scale_grad_by_freq, BLOCK_R=plan.block_rows, BLOCK_D=plan.block_d, num_warps=plan.num_warps),
     )
     return grad_weight
+
+
+def _run(weight: Tensor, indices: Tensor, padding_idx: Optional[int]) -> Tensor:
+    """The op on checked arguments (bounds already checked where required)."""
+    target = target_for(weight.device)
+    if target is None:
+        return reference.embedding(weight, indices, normalize_padding_idx(padding_idx, weight.shape[0]))
+    return _forward(weight, indices, target)
+
+
+def _run_backward(grad_out, indices, num_weights, pad, scale_grad_by_freq):
+    target = target_for(grad_out.device)
+    if target is None:
+        return reference.embedding_backward(grad_out, indices, num_weights, pad, scale_grad_by_freq)
+    return _backward(grad_out, indices, num_weights, pad, scale_grad_by_freq, target)
 
 
 @fused_op("embedding")
@@ -123,10 +141,7 @@ def embedding_op(weight: Tensor, indices: Tensor, padding_idx: Optional[int], sc
             torch._assert_async(in_range, f"fusedops.embedding: indices outside the weight's rows [0, {weight.shape[0]})")
         else:
             raise_if_out_of_range(indices, weight.shape[0])
-    target = target_for(weight.device)
-    if target is None:
-        return reference.embedding(weight, indices, normalize_padding_idx(padding_idx, weight.shape[0]))
-    return _forward(weight, indices, target)
+    return _run(weight, indices, padding_idx)
 
 
 def check_backward_args(grad_out: Tensor, indices: Tensor, num_weights: int, padding_idx: Optional[int]) -> int:
@@ -152,10 +167,7 @@ def embedding_backward_op(
     stable sort of the indices, then each tile of grad_weight sums its rows' runs in fp32 in token
     order and is written exactly once (zeros included). Out-of-range indices contribute nothing."""
     pad = check_backward_args(grad_out, indices, num_weights, padding_idx)
-    target = target_for(grad_out.device)
-    if target is None:
-        return reference.embedding_backward(grad_out, indices, num_weights, pad, scale_grad_by_freq)
-    return _backward(grad_out, indices, num_weights, pad, scale_grad_by_freq, target)
+    return _run_backward(grad_out, indices, num_weights, pad, scale_grad_by_freq)
 
 
 @embedding_op.register_fake
@@ -181,7 +193,10 @@ def _setup_context(ctx, inputs, output):
 def _backward_rule(ctx, grad_out):
     (indices,) = ctx.saved_tensors
     grad_weight = None
-    if ctx.needs_input_grad[0]:
+    if ctx.needs_input_grad[0] and backward_direct_ok(grad_out, indices):
+        pad = check_backward_args(grad_out, indices, ctx.num_weights, ctx.padding_idx)
+        grad_weight = call_direct(_run_backward, grad_out, indices, ctx.num_weights, pad, ctx.scale_grad_by_freq)
+    elif ctx.needs_input_grad[0]:
         grad_weight = torch.ops.fusedops.embedding_backward(
             grad_out, indices, ctx.num_weights, ctx.padding_idx, ctx.scale_grad_by_freq
         )
@@ -189,6 +204,15 @@ def _backward_rule(ctx, grad_out):
 
 
 embedding_op.register_autograd(_backward_rule, setup_context=_setup_context)
+
+
+def _run_checked(weight: Tensor, indices: Tensor, padding_idx: Optional[int], scale_grad_by_freq: bool) -> Tensor:
+    if indices.device.type == "cpu":
+        raise_if_out_of_range(indices, weight.shape[0])
+    return _run(weight, indices, padding_idx)
+
+
+_Direct = direct_autograd("Embedding", _run_checked, _setup_context, _backward_rule)
 
 
 def embedding(
@@ -232,4 +256,6 @@ def embedding(
     check_args(weight, indices, padding_idx)
     if indices.device.type != "cpu" and check_bounds and not torch.compiler.is_compiling():
         raise_if_out_of_range(indices, weight.shape[0])
+    if direct_call_ok(weight, indices):
+        return _Direct.apply(weight, indices, padding_idx, scale_grad_by_freq)
     return torch.ops.fusedops.embedding(weight, indices, padding_idx, scale_grad_by_freq)

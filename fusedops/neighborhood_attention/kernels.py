@@ -85,6 +85,7 @@ def na_fwd_kernel(
     BN0: tl.constexpr, BN1: tl.constexpr, BN2: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
 ):
+    qk_scale = tl.cast(qk_scale, tl.float32)  # Inductor passes Python floats as fp64
     pid = tl.program_id(0)
     T0 = DL0 * NB0
     T1 = DL1 * NB1
@@ -236,6 +237,8 @@ def na_bwd_dq_kernel(
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """dQ_i = scale * sum_j p_ij (dO_i.v_j - delta_i) k_j per query tile, walking keys as the forward."""
+    qk_scale = tl.cast(qk_scale, tl.float32)  # Inductor passes Python floats as fp64
+    scale = tl.cast(scale, tl.float32)
     pid = tl.program_id(0)
     T0 = DL0 * NB0
     T1 = DL1 * NB1
@@ -355,6 +358,8 @@ def na_bwd_dkdv_kernel(
     """Per key tile (BN box in one dilation group, one kv head): dV_j = sum_i p_ij dO_i and
     dK_j = scale sum_i dS_ij q_i over every query head of the GQA group and every query tile that can
     see the tile, in a fixed order (bitwise deterministic)."""
+    qk_scale = tl.cast(qk_scale, tl.float32)  # Inductor passes Python floats as fp64
+    scale = tl.cast(scale, tl.float32)
     pid = tl.program_id(0)
     T0 = DL0 * NN0
     T1 = DL1 * NN1

@@ -7,16 +7,16 @@ from typing import Optional, Sequence, Union
 
 import torch
 from torch import Tensor
-from torch.library import wrap_triton
 
-from fusedops.registry import fused_op
+from fusedops.launch import launch
+from fusedops.registry import backward_direct_ok, call_direct, direct_autograd, direct_call_ok, fused_op, memoize
 from fusedops.targets import Target, target_for
 from fusedops.validation import check_float, check_last_dim_contiguous, check_same_device
 
 from . import reference
 from .kernels import LOG2E, na_bwd_delta_kernel, na_bwd_dkdv_kernel, na_bwd_dq_kernel, na_fwd_kernel
 from .plan import grid as plan_grid
-from .plan import make_plan, next_pow2
+from .plan import make_plan, next_pow2, tiles_override
 
 WINDOWS = ("shifted", "truncated")
 MIN_HEAD_DIM, MAX_HEAD_DIM = 8, 256
@@ -113,22 +113,22 @@ def _pad3(values: Sequence, fill) -> list:
     return [fill] * (3 - len(values)) + list(values)
 
 
-def _strides(t: Tensor) -> list[int]:
-    """(batch, head, axis0, axis1, axis2) strides, missing leading axes as 0."""
-    s = t.stride()
-    return [s[0], s[1]] + _pad3(list(s[2:-1]), 0)
+def _strides(stride: Sequence[int]) -> list[int]:
+    """(batch, head, axis0, axis1, axis2) of a [B, H, *spatial, D] tensor's strides, missing leading
+    axes as 0."""
+    return [stride[0], stride[1]] + _pad3(list(stride[2:-1]), 0)
 
 
 class _Geometry:
-    def __init__(self, q: Tensor, k: Tensor, v: Tensor, ks, dil, st, causal):
-        self.ndim = q.dim() - 3
-        self.spatial = _pad3(list(q.shape[2:-1]), 1)
+    def __init__(self, q_shape, k_shape, v_shape, ks, dil, st, causal):
+        self.ndim = len(q_shape) - 3
+        self.spatial = _pad3(list(q_shape[2:-1]), 1)
         self.kernel = _pad3(ks, 1)
         self.dilation = _pad3(dil, 1)
         self.stride = _pad3(st, 1)
         self.causal = [int(c) for c in _pad3(causal, False)]
-        self.batch, self.heads, self.kv_heads = q.shape[0], q.shape[1], k.shape[1]
-        self.head_dim, self.head_dim_v = q.shape[-1], v.shape[-1]
+        self.batch, self.heads, self.kv_heads = q_shape[0], q_shape[1], k_shape[1]
+        self.head_dim, self.head_dim_v = q_shape[-1], v_shape[-1]
 
     def axis_args(self) -> list[int]:
         return [*self.spatial, *self.kernel, *self.dilation, *self.stride, *self.causal]
@@ -143,31 +143,79 @@ class _Geometry:
             n *= nb * d
         return n
 
+    def plan(self, target: Target, dtype: torch.dtype, backward: bool):
+        return make_plan(target, self.spatial, self.dilation, self.head_dim, self.head_dim_v, dtype, self.ndim,
+                         backward=backward, kernel_volume=math.prod(self.kernel))
 
-def _forward(q, k, v, ks, dil, st, causal, scale, window, target: Target) -> tuple[Tensor, Tensor]:
-    geo = _Geometry(q, k, v, ks, dil, st, causal)
-    out = q.new_empty(*q.shape[:-1], v.shape[-1])
-    lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
-    plan = make_plan(target, geo.spatial, geo.dilation, geo.head_dim, geo.head_dim_v, q.dtype, geo.ndim,
-                     backward=False, kernel_volume=math.prod(geo.kernel))
-    tiles = geo.tiles(plan.bm, geo.heads)
-    if tiles == 0:
-        return out, lse
-    wrap_triton(na_fwd_kernel)[(plan_grid(target, tiles),)](
-        q, k, v, out, lse,
-        *_strides(q), *_strides(k), *_strides(v),
-        geo.heads, geo.heads // geo.kv_heads, geo.head_dim, geo.head_dim_v,
-        *geo.axis_args(), *geo.blocks(plan.bm), tiles, scale * LOG2E,
-        TRUNCATED=window == "truncated", NDIM=geo.ndim,
+
+def _meta(plan, window: str, ndim: int) -> dict:
+    return dict(
+        TRUNCATED=window == "truncated", NDIM=ndim,
         BM0=plan.bm[0], BM1=plan.bm[1], BM2=plan.bm[2], BN0=plan.bn[0], BN1=plan.bn[1], BN2=plan.bn[2],
         BLOCK_D=plan.block_d, BLOCK_DV=plan.block_dv, DOT_FP32=plan.dot_fp32, PRECISION=plan.precision,
         num_warps=plan.num_warps,
     )
+
+
+# A launch: (grid, the scalar arguments after the tensors, the constexpr/launch keywords). Specs are
+# cached per shape/stride/argument combination: planning costs more host time than the launch.
+Launch = tuple[int, tuple, dict]
+
+
+@memoize
+def _forward_spec(q_shape, q_stride, k_shape, k_stride, v_shape, v_stride, dtype, ks, dil, st, causal, scale,
+                  window, target: Target, tiles_env) -> Optional[Launch]:
+    geo = _Geometry(q_shape, k_shape, v_shape, ks, dil, st, causal)
+    plan = geo.plan(target, dtype, backward=False)
+    tiles = geo.tiles(plan.bm, geo.heads)
+    if tiles == 0:
+        return None
+    args = (*_strides(q_stride), *_strides(k_stride), *_strides(v_stride),
+            geo.heads, geo.heads // geo.kv_heads, geo.head_dim, geo.head_dim_v,
+            *geo.axis_args(), *geo.blocks(plan.bm), tiles, scale * LOG2E)
+    meta = _meta(plan, window, geo.ndim)
+    return plan_grid(target, tiles), args, meta
+
+
+def _forward(q, k, v, ks, dil, st, causal, scale, window, target: Target) -> tuple[Tensor, Tensor]:
+    out = q.new_empty(*q.shape[:-1], v.shape[-1])
+    lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+    spec = _forward_spec(q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, tuple(ks),
+                         tuple(dil), tuple(st), tuple(causal), scale, window, target, tiles_override())
+    if spec is not None:
+        grid, args, meta = spec
+        launch(na_fwd_kernel, (grid,), (q, k, v, out, lse), args, meta)
     return out, lse
 
 
+@memoize
+def _backward_spec(q_shape, q_stride, k_shape, k_stride, v_shape, v_stride, go_stride, dtype, ks, dil, st, causal,
+                   scale, window, has_dlse, target: Target, tiles_env) -> tuple[Launch, Launch, Launch]:
+    geo = _Geometry(q_shape, k_shape, v_shape, ks, dil, st, causal)
+    tokens = math.prod(geo.spatial)
+    block_dv = max(16, next_pow2(geo.head_dim_v))
+    block_s = max(1, min(next_pow2(tokens), 4096 // block_dv if not target.interpreted else 1024,
+                         max(1, target.onchip_bytes // (12 * block_dv))))
+    block_s = 1 << (block_s.bit_length() - 1)
+    nblocks = geo.batch * geo.heads * (-(-tokens // block_s))
+    delta = (target.grid_size(nblocks),
+             (*_strides(go_stride), geo.heads, geo.head_dim_v, geo.spatial[1], geo.spatial[2], tokens, nblocks),
+             dict(HAS_DLSE=has_dlse, BLOCK_S=block_s, BLOCK_DV=block_dv))
+    plan = geo.plan(target, dtype, backward=True)
+    meta = _meta(plan, window, geo.ndim)
+    strides = (*_strides(q_stride), *_strides(k_stride), *_strides(v_stride), *_strides(go_stride))
+    q_tiles = geo.tiles(plan.bm, geo.heads)
+    dq = (plan_grid(target, q_tiles),
+          (*strides, geo.heads, geo.heads // geo.kv_heads, geo.head_dim, geo.head_dim_v,
+           *geo.axis_args(), *geo.blocks(plan.bm), q_tiles, scale * LOG2E, scale), meta)
+    k_tiles = geo.tiles(plan.bn, geo.kv_heads)
+    dkdv = (plan_grid(target, k_tiles),
+            (*strides, geo.heads, geo.kv_heads, geo.heads // geo.kv_heads, geo.head_dim, geo.head_dim_v,
+             *geo.axis_args(), *geo.blocks(plan.bn), k_tiles, scale * LOG2E, scale), meta)
+    return delta, dq, dkdv
+
+
 def _backward(grad_out, grad_lse, q, k, v, out, lse, ks, dil, st, causal, scale, window, target: Target):
-    geo = _Geometry(q, k, v, ks, dil, st, causal)
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
@@ -175,41 +223,36 @@ def _backward(grad_out, grad_lse, q, k, v, out, lse, ks, dil, st, causal, scale,
         return dq, dk.zero_(), dv.zero_()
     out = out.contiguous()
     lse = lse.contiguous()
-    tokens = math.prod(geo.spatial)
     delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
-    block_dv = max(16, next_pow2(geo.head_dim_v))
-    block_s = max(1, min(next_pow2(tokens), 4096 // block_dv if not target.interpreted else 1024,
-                         max(1, target.onchip_bytes // (12 * block_dv))))
-    block_s = 1 << (block_s.bit_length() - 1)
-    nblocks = geo.batch * geo.heads * (-(-tokens // block_s))
     has_dlse = grad_lse is not None
-    wrap_triton(na_bwd_delta_kernel)[(target.grid_size(nblocks),)](
-        out, grad_out, grad_lse.contiguous() if has_dlse else lse, delta,
-        *_strides(grad_out), geo.heads, geo.head_dim_v, geo.spatial[1], geo.spatial[2], tokens, nblocks,
-        HAS_DLSE=has_dlse, BLOCK_S=block_s, BLOCK_DV=block_dv,
+    (grid, args, meta), dq_launch, dkdv_launch = _backward_spec(
+        q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), grad_out.stride(), q.dtype, tuple(ks),
+        tuple(dil), tuple(st), tuple(causal), scale, window, has_dlse, target, tiles_override(),
     )
-    plan = make_plan(target, geo.spatial, geo.dilation, geo.head_dim, geo.head_dim_v, q.dtype, geo.ndim,
-                     backward=True, kernel_volume=math.prod(geo.kernel))
-    common = dict(
-        TRUNCATED=window == "truncated", NDIM=geo.ndim,
-        BM0=plan.bm[0], BM1=plan.bm[1], BM2=plan.bm[2], BN0=plan.bn[0], BN1=plan.bn[1], BN2=plan.bn[2],
-        BLOCK_D=plan.block_d, BLOCK_DV=plan.block_dv, DOT_FP32=plan.dot_fp32, PRECISION=plan.precision,
-        num_warps=plan.num_warps,
-    )
-    strides = [*_strides(q), *_strides(k), *_strides(v), *_strides(grad_out)]
-    q_tiles = geo.tiles(plan.bm, geo.heads)
-    wrap_triton(na_bwd_dq_kernel)[(plan_grid(target, q_tiles),)](
-        q, k, v, grad_out, lse, delta, dq, *strides,
-        geo.heads, geo.heads // geo.kv_heads, geo.head_dim, geo.head_dim_v,
-        *geo.axis_args(), *geo.blocks(plan.bm), q_tiles, scale * LOG2E, scale, **common,
-    )
-    k_tiles = geo.tiles(plan.bn, geo.kv_heads)
-    wrap_triton(na_bwd_dkdv_kernel)[(plan_grid(target, k_tiles),)](
-        q, k, v, grad_out, lse, delta, dk, dv, *strides,
-        geo.heads, geo.kv_heads, geo.heads // geo.kv_heads, geo.head_dim, geo.head_dim_v,
-        *geo.axis_args(), *geo.blocks(plan.bn), k_tiles, scale * LOG2E, scale, **common,
-    )
+    launch(na_bwd_delta_kernel, (grid,), (out, grad_out, grad_lse.contiguous() if has_dlse else lse, delta), args,
+           meta)
+    grid, args, meta = dq_launch
+    launch(na_bwd_dq_kernel, (grid,), (q, k, v, grad_out, lse, delta, dq), args, meta)
+    grid, args, meta = dkdv_launch
+    launch(na_bwd_dkdv_kernel, (grid,), (q, k, v, grad_out, lse, delta, dk, dv), args, meta)
     return dq, dk, dv
+
+
+def _run(q, k, v, ks, dil, st, causal, scale, window) -> tuple[Tensor, Tensor]:
+    """The op on checked, normalised arguments: kernels under the device's plan, or the reference."""
+    target = target_for(q.device)
+    if target is None:
+        return reference.neighborhood_attention(q, k, v, ks, dil, st, causal, scale, window)
+    return _forward(q, k, v, ks, dil, st, causal, scale, window, target)
+
+
+def _run_backward(grad_out, grad_lse, q, k, v, out, lse, ks, dil, st, causal, scale, window):
+    target = target_for(q.device)
+    if target is None:
+        return reference.neighborhood_attention_backward(
+            grad_out, grad_lse, q, k, v, out, lse, ks, dil, st, causal, scale, window
+        )
+    return _backward(grad_out, grad_lse, q, k, v, out, lse, ks, dil, st, causal, scale, window, target)
 
 
 @fused_op("neighborhood_attention")
@@ -219,10 +262,7 @@ def neighborhood_attention_op(
 ) -> tuple[Tensor, Tensor]:
     """Neighborhood attention; returns (out, lse). See `fusedops.neighborhood_attention`."""
     ks, dil, st, causal, scale = check_args(q, k, v, kernel_size, dilation, stride, is_causal, scale, window)
-    target = target_for(q.device)
-    if target is None:
-        return reference.neighborhood_attention(q, k, v, ks, dil, st, causal, scale, window)
-    return _forward(q, k, v, ks, dil, st, causal, scale, window, target)
+    return _run(q, k, v, ks, dil, st, causal, scale, window)
 
 
 def _check_backward(grad_out, grad_lse, q, v, out, lse):
@@ -245,12 +285,7 @@ def neighborhood_attention_backward_op(
     Deterministic: dK/dV are summed per key tile over query tiles and GQA heads in a fixed order."""
     ks, dil, st, causal, scale = check_args(q, k, v, kernel_size, dilation, stride, is_causal, scale, window)
     _check_backward(grad_out, grad_lse, q, v, out, lse)
-    target = target_for(q.device)
-    if target is None:
-        return reference.neighborhood_attention_backward(
-            grad_out, grad_lse, q, k, v, out, lse, ks, dil, st, causal, scale, window
-        )
-    return _backward(grad_out, grad_lse, q, k, v, out, lse, ks, dil, st, causal, scale, window, target)
+    return _run_backward(grad_out, grad_lse, q, k, v, out, lse, ks, dil, st, causal, scale, window)
 
 
 @neighborhood_attention_op.register_fake
@@ -273,6 +308,7 @@ def _(grad_out, grad_lse, q, k, v, out, lse, kernel_size, dilation, stride, is_c
 def _setup_context(ctx, inputs, output):
     q, k, v, kernel_size, dilation, stride, is_causal, scale, window = inputs
     out, lse = output
+    ctx.set_materialize_grads(False)  # an unused lse gets no zero-filled gradient
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.args = (kernel_size, dilation, stride, is_causal, scale, window)
 
@@ -283,13 +319,22 @@ def _backward_rule(ctx, grad_out, grad_lse):
         grad_out = torch.zeros_like(out)
     elif grad_out.stride(-1) != 1:
         grad_out = grad_out.contiguous()
-    dq, dk, dv = torch.ops.fusedops.neighborhood_attention_backward(grad_out, grad_lse, q, k, v, out, lse, *ctx.args)
+    if backward_direct_ok(grad_out, grad_lse, q, k, v, out, lse):
+        ks, dil, st, causal, scale, window = ctx.args
+        if scale is None:
+            scale = q.shape[-1] ** -0.5
+        dq, dk, dv = call_direct(_run_backward, grad_out, grad_lse, q, k, v, out, lse, ks, dil, st, causal, scale,
+                                 window)
+    else:
+        dq, dk, dv = torch.ops.fusedops.neighborhood_attention_backward(
+            grad_out, grad_lse, q, k, v, out, lse, *ctx.args)
     need_q, need_k, need_v = ctx.needs_input_grad[:3]
     return (dq if need_q else None, dk if need_k else None, dv if need_v else None, None, None, None, None, None,
             None)
 
 
 neighborhood_attention_op.register_autograd(_backward_rule, setup_context=_setup_context)
+_Direct = direct_autograd("NeighborhoodAttention", _run, _setup_context, _backward_rule)
 
 
 def neighborhood_attention(
@@ -318,6 +363,9 @@ def neighborhood_attention(
     ndim = q.dim() - 3 if isinstance(q, Tensor) else 0
     if ndim < 1 or ndim > 3:
         check_args(q, k, v, kernel_size, dilation, stride, is_causal, scale, window)  # raises
-    ks, dil, st, causal, _ = check_args(q, k, v, kernel_size, dilation, stride, is_causal, scale, window)
-    out, lse = torch.ops.fusedops.neighborhood_attention(q, k, v, ks, dil, st, causal, scale, window)
+    ks, dil, st, causal, checked_scale = check_args(q, k, v, kernel_size, dilation, stride, is_causal, scale, window)
+    if direct_call_ok(q, k, v):
+        out, lse = _Direct.apply(q, k, v, ks, dil, st, causal, checked_scale, window)
+    else:
+        out, lse = torch.ops.fusedops.neighborhood_attention(q, k, v, ks, dil, st, causal, scale, window)
     return (out, lse) if return_lse else out

@@ -81,8 +81,13 @@ def _clamp(box: list[int], limits: Sequence[int], floor: int) -> list[int]:
     return box
 
 
+def tiles_override() -> str:
+    """The raw FUSEDOPS_NA_TILES value ("" when unset): part of the launch-spec cache key."""
+    return os.environ.get("FUSEDOPS_NA_TILES", "")
+
+
 def _override() -> tuple[tuple[int, ...], tuple[int, ...], int | None] | None:
-    raw = os.environ.get("FUSEDOPS_NA_TILES", "").strip()
+    raw = tiles_override().strip()
     if not raw:
         return None
     parts = raw.split("/")
