@@ -2,7 +2,9 @@
 # One call on a CUDA machine: the GPU tests of every op, then `python -m bench`, with every log kept
 # under $OUT (default ./gpu-logs) as it is written, so a run cut by a time limit still leaves its
 # numbers. Baseline wheels in .whl/ (liger-kernel, fla-core, einops) are installed to /tmp/site first.
-#   OPS="attn_res embedding" TEST_S=200 BENCH_S=330 bash bench/gpu_check.sh
+#   STEPS="host tune tests bench" OPS="attn_res embedding" TEST_S=200 BENCH_S=330 bash bench/gpu_check.sh
+# STEPS (default "tests bench"): host = bench.host (host overhead vs GPU time), tune = bench.tune_attn_res
+# (attn_res plan sweep), tests = the GPU tests, bench = python -m bench.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-logs}
@@ -13,11 +15,23 @@ if compgen -G ".whl/*.whl" >/dev/null; then
     && export PYTHONPATH="/tmp/site:$PYTHONPATH"
 fi
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
-tests=()
-for op in ${OPS:-attn_res embedding neighborhood_attention}; do tests+=("fusedops_tests/test_$op.py"); done
-timeout "${TEST_S:-200}" python3 -m pytest "${tests[@]}" -m gpu -q -p no:cacheprovider > "$OUT/gpu_tests.txt" 2>&1
-echo "gpu tests (exit $?):"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.txt" | tail -8
-timeout "${BENCH_S:-330}" python3 -m bench ${OPS:-} --device cuda --no-plots --out "$OUT" \
-  > "$OUT/bench.txt" 2> "$OUT/bench_progress.txt"
-echo "bench (exit $?):"
-if [ -s "$OUT/bench.txt" ]; then tail -n 70 "$OUT/bench.txt"; else grep -E "ms" "$OUT/bench_progress.txt" | tail -n 60; fi
+for step in ${STEPS:-tests bench}; do
+  case $step in
+    host)
+      timeout "${HOST_S:-150}" python3 -m bench.host > "$OUT/host.txt" 2>&1
+      echo "host (exit $?):"; head -n 14 "$OUT/host.txt" ;;
+    tune)
+      timeout "${TUNE_S:-150}" python3 -m bench.tune_attn_res > "$OUT/tune.txt" 2>&1
+      echo "tune (exit $?):"; cat "$OUT/tune.txt" ;;
+    tests)
+      tests=()
+      for op in ${OPS:-attn_res embedding neighborhood_attention}; do tests+=("fusedops_tests/test_$op.py"); done
+      timeout "${TEST_S:-200}" python3 -m pytest "${tests[@]}" -m gpu -q -p no:cacheprovider > "$OUT/gpu_tests.txt" 2>&1
+      echo "gpu tests (exit $?):"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.txt" | tail -8 ;;
+    bench)
+      timeout "${BENCH_S:-330}" python3 -m bench ${OPS:-} --device cuda --no-plots --out "$OUT" \
+        > "$OUT/bench.txt" 2> "$OUT/bench_progress.txt"
+      echo "bench (exit $?):"
+      if [ -s "$OUT/bench.txt" ]; then tail -n 70 "$OUT/bench.txt"; else grep -E "ms" "$OUT/bench_progress.txt" | tail -n 60; fi ;;
+  esac
+done

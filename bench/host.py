@@ -1,0 +1,130 @@
+"""Host overhead vs GPU time of one step of each op (CUDA): python -m bench.host
+
+For a small case of each op (where the host, not the GPU, bounds the step) it prints the wall time
+per call of the public wrapper (the direct eager path), of the same call through torch.ops, and of a
+torch.compile'd call, next to the GPU time the profiler sees; then the cost of one bare Triton launch
+of each neighborhood-attention kernel, and a cProfile of the wrapper's fwd+bwd step.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import pstats
+import time
+
+import torch
+
+import fusedops
+
+
+def wall_ms(fn, reps: int = 200) -> float:
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t) / reps * 1e3)
+    return best
+
+
+def gpu_ms(fn, reps: int = 20) -> float:
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    total = 0.0
+    for e in prof.key_averages():
+        if e.device_type.name == "CUDA":
+            total += getattr(e, "device_time_total", getattr(e, "cuda_time_total", 0))
+    return total / reps / 1e3
+
+
+def cases():
+    dev, bf16 = "cuda", torch.bfloat16
+    q, k, v = (torch.randn(2, 12, 4096, 64, device=dev, dtype=bf16, requires_grad=True) for _ in range(3))
+    yield ("neighborhood_attention 1D 4096 k7", (q, k, v),
+           lambda q, k, v: fusedops.neighborhood_attention(q, k, v, 7),
+           lambda q, k, v: torch.ops.fusedops.neighborhood_attention(q, k, v, [7], [1], [1], [False], None,
+                                                                       "shifted")[0])
+    q2, k2, v2 = (torch.randn(1, 16, 64, 64, 64, device=dev, dtype=bf16, requires_grad=True) for _ in range(3))
+    yield ("neighborhood_attention 2D 64x64 7x7", (q2, k2, v2),
+           lambda q, k, v: fusedops.neighborhood_attention(q, k, v, 7),
+           lambda q, k, v: torch.ops.fusedops.neighborhood_attention(q, k, v, [7, 7], [1, 1], [1, 1],
+                                                                       [False, False], None, "shifted")[0])
+    values = torch.randn(8, 4, 1024, 1024, device=dev, dtype=bf16, requires_grad=True)
+    query = torch.zeros(1024, device=dev, requires_grad=True)
+    weight = torch.ones(1024, device=dev, requires_grad=True)
+    yield ("attn_res N8 4x1024 D1024", (values, query, weight),
+           lambda v, q, w: fusedops.attn_res(v, q, w),
+           lambda v, q, w: torch.ops.fusedops.attn_res(v, q, w, 1e-6))
+    emb = torch.randn(32768, 768, device=dev, dtype=bf16, requires_grad=True)
+    idx = torch.randint(0, 32768, (4, 1024), device=dev)
+    yield ("embedding V32768 D768 4096 tokens", (emb, idx),
+           lambda w, i: fusedops.embedding(i, w, check_bounds=False),
+           lambda w, i: torch.ops.fusedops.embedding(w, i, None, False))
+
+
+def step_of(fn, inputs):
+    req = [t for t in inputs if t.is_floating_point() and t.requires_grad]
+    out = fn(*inputs)
+    go = torch.randn_like(out)
+    return lambda: torch.autograd.grad(fn(*inputs), req, go)
+
+
+def launch_costs():
+    from torch._library.triton import set_wrap_triton_enabled
+
+    from fusedops.launch import launch
+    from fusedops.neighborhood_attention import op as na
+    from fusedops.neighborhood_attention.kernels import na_fwd_kernel
+    from fusedops.targets import target_for
+
+    q, k, v = (torch.randn(2, 12, 4096, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    out, lse = na._forward(q, k, v, [7], [1], [1], [False], 0.125, "shifted", target_for(q.device))
+    grid, args, meta = na._forward_spec(q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype,
+                                        (7,), (1,), (1,), (False,), 0.125, "shifted", target_for(q.device), "")
+    n = 5 + len(args)
+    t = wall_ms(lambda: na_fwd_kernel[(grid,)](q, k, v, out, lse, *args, **meta), reps=500)
+    print(f"bare Triton launch of na_fwd_kernel ({n} runtime args): {t * 1e3:.1f} us")
+    with set_wrap_triton_enabled(False):
+        t = wall_ms(lambda: launch(na_fwd_kernel, (grid,), (q, k, v, out, lse), args, meta), reps=500)
+    print(f"fusedops.launch of na_fwd_kernel (cached compiled kernel): {t * 1e3:.1f} us")
+    t = wall_ms(lambda: torch.empty(1, device="cuda").add_(1), reps=500)
+    print(f"torch empty + add_ (two tiny eager ops, reference): {t * 1e3:.1f} us")
+
+
+def main() -> None:
+    print(f"{'case':38s} {'path':10s} {'wall ms':>8s} {'GPU ms':>8s}")
+    for name, inputs, wrapper, via_ops in cases():
+        compiled = torch.compile(wrapper, fullgraph=True)
+        for path, fn in (("wrapper", wrapper), ("torch.ops", via_ops), ("compiled", compiled)):
+            try:
+                step = step_of(fn, inputs)
+                print(f"{name:38s} {path + ' fb':10s} {wall_ms(step):8.3f} {gpu_ms(step):8.3f}", flush=True)
+            except Exception as e:  # noqa: BLE001
+                print(f"{name:38s} {path:10s} error: {type(e).__name__}: {str(e)[:200]}", flush=True)
+        torch._dynamo.reset()
+    launch_costs()
+    name, inputs, wrapper, _ = next(cases())
+    step = step_of(wrapper, inputs)
+    wall_ms(step)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(200):
+        step()
+    torch.cuda.synchronize()
+    prof.disable()
+    s = io.StringIO()
+    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(18)
+    print(s.getvalue())
+
+
+if __name__ == "__main__":
+    main()

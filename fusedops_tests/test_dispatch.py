@@ -1,0 +1,140 @@
+"""The eager direct path (registry.direct_call_ok / direct_autograd) and the launch cache
+(fusedops.launch): they must give exactly what torch.ops gives, and step aside whenever PyTorch is
+tracing, faking, transforming or holding a tensor subclass."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import fusedops
+from fusedops import launch as launch_mod
+from fusedops.registry import direct_call_ok
+
+from .helpers import PATHS, execution_path, gpu
+
+
+def _attn_res(direct: bool, device: str = "cpu"):
+    gen = torch.Generator().manual_seed(0)
+    values = torch.randn(5, 3, 7, 40, generator=gen).to(device).requires_grad_()
+    query = (0.3 * torch.randn(40, generator=gen)).to(device).requires_grad_()
+    weight = (torch.rand(40, generator=gen) + 0.5).to(device).requires_grad_()
+    out = fusedops.attn_res(values, query, weight) if direct else torch.ops.fusedops.attn_res(values, query, weight, 1e-6)
+    return out, (values, query, weight)
+
+
+def _embedding(direct: bool, device: str = "cpu"):
+    gen = torch.Generator().manual_seed(1)
+    weight = torch.randn(50, 24, generator=gen).to(device).requires_grad_()
+    indices = torch.randint(0, 50, (6, 9), generator=gen).to(device)
+    out = (fusedops.embedding(indices, weight, padding_idx=3) if direct
+           else torch.ops.fusedops.embedding(weight, indices, 3, False))
+    return out, (weight,)
+
+
+def _neighborhood_attention(direct: bool, device: str = "cpu"):
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 2, 9, 11, 16, generator=gen).to(device).requires_grad_() for _ in range(3))
+    if direct:
+        out, lse = fusedops.neighborhood_attention(q, k, v, (3, 5), is_causal=(False, True), return_lse=True)
+    else:
+        out, lse = torch.ops.fusedops.neighborhood_attention(q, k, v, [3, 5], [1, 1], [1, 1], [False, True], None,
+                                                           "shifted")
+    return out + lse.unsqueeze(-1), (q, k, v)
+
+
+OPS = {"attn_res": _attn_res, "embedding": _embedding, "neighborhood_attention": _neighborhood_attention}
+
+
+def _outputs_and_grads(build, direct: bool, device: str = "cpu"):
+    out, inputs = build(direct, device)
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(3)).to(device)
+    return out.detach(), torch.autograd.grad(out, inputs, grad_out)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_direct_path_matches_torch_ops_bitwise(path, op):
+    with execution_path(path):
+        direct = _outputs_and_grads(OPS[op], True)
+        via_ops = _outputs_and_grads(OPS[op], False)
+    assert torch.equal(direct[0], via_ops[0])
+    for a, b in zip(direct[1], via_ops[1]):
+        assert torch.equal(a, b)
+
+
+def test_direct_call_ok_only_for_plain_eager_tensors():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.func import vmap
+
+    x = torch.ones(2, 3)
+    assert direct_call_ok(x, None, torch.nn.Parameter(x))
+
+    class Seen(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Seen():
+        assert not direct_call_ok(x)
+    with FakeTensorMode() as mode:
+        fake = mode.from_tensor(x)
+    assert not direct_call_ok(fake)
+    results = []
+    vmap(lambda row: (results.append(direct_call_ok(row)), row)[1])(x)
+    assert results == [False]
+
+    class Sub(torch.Tensor):
+        pass
+
+    assert not direct_call_ok(x.as_subclass(Sub))
+
+
+def test_double_backward_is_refused_not_silently_zero():
+    out, (values, query, weight) = _attn_res(True)
+    (grad_values,) = torch.autograd.grad(out.sum(), (values,), create_graph=True)
+    with pytest.raises(RuntimeError, match="attn_res_backward"):
+        torch.autograd.grad(grad_values.sum(), (query,))
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_ops_under_a_dispatch_mode_go_through_the_dispatcher(op):
+    seen = set()
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.add(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Record():
+        out, inputs = OPS[op](True)
+        torch.autograd.grad(out.sum(), inputs)
+    assert any(name.startswith(f"fusedops.{op}.") for name in seen), sorted(seen)
+    assert any(name.startswith(f"fusedops.{op}_backward.") for name in seen), sorted(seen)
+
+
+# ---- the launch cache (CUDA only: elsewhere every launch goes through wrap_triton) ----
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_gpu_cached_launches_match_first_launch_bitwise(op):
+    launch_mod._CACHE.clear()
+    first = _outputs_and_grads(OPS[op], True, "cuda")  # compiles through kernel[grid], fills the cache
+    assert launch_mod._CACHE, "no launch was cached"
+    again = _outputs_and_grads(OPS[op], True, "cuda")  # every launch from the cache
+    assert torch.equal(first[0], again[0])
+    for a, b in zip(first[1], again[1]):
+        assert torch.equal(a, b)
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_launch_cache_keys_on_alignment():
+    # a view starting 2 elements in is not 16-byte aligned: Triton specialises on that, so must the cache
+    base = torch.randn(64 * 64 + 2, device="cuda")
+    weight_aligned = base[:4096].view(64, 64)
+    weight_shifted = base[2:4098].view(64, 64)
+    indices = torch.randint(0, 64, (100,), device="cuda")
+    for weight in (weight_aligned, weight_shifted, weight_aligned, weight_shifted):
+        assert torch.equal(fusedops.embedding(indices, weight), weight[indices])
