@@ -233,6 +233,44 @@ def optional_import(name: str):
         raise ImportError(f"{name} not importable ({type(e).__name__}: {e})") from e
 
 
+def gpu_time_ms(fn: Callable[[], Any], reps: int = 10) -> float:
+    """Milliseconds of device work per call of fn: the sum of every kernel, copy and memset the
+    profiler records, over `reps` calls. For steps whose eager launches are host-bound this is what
+    the GPU does, without the host overhead (CUDA-graph capture would show the same, but a provider
+    that syncs inside would poison the capture state of the rest of the run)."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    total_us = 0.0
+    for event in prof.key_averages():
+        if event.device_type.name == "CUDA":
+            total_us += getattr(event, "device_time_total", 0.0) or getattr(event, "cuda_time_total", 0.0)
+    return total_us / reps / 1e3
+
+
+def measure_gpu_time(ctx: "Context", op: str, case: Any, provider: str, mode: str, fn: Callable[[], Any],
+                     nbytes: Optional[float] = None, flops: Optional[float] = None) -> dict:
+    """A row "<provider> (GPU time)": gpu_time_ms of fn, with the same derived columns as `measure`."""
+    name = f"{provider} (GPU time)"
+    ctx.progress(f"{op} {case_name(case)} {name} {mode}")
+    try:
+        ms = gpu_time_ms(fn)
+    except Exception as e:  # noqa: BLE001
+        return error_row(op, case, name, mode, e)
+    r = row(op, case, name, mode, ms=ms)
+    if nbytes is not None:
+        r["tbps"] = nbytes / (ms * 1e-3) / 1e12
+        if ctx.ceiling_tbps == ctx.ceiling_tbps:
+            r["pct_ceiling"] = 100.0 * r["tbps"] / ctx.ceiling_tbps
+    if flops is not None:
+        r["tflops"] = flops / (ms * 1e-3) / 1e12
+    ctx.progress(f"  {op} {case_name(case)} {name} {mode}: {ms:.4g} ms")
+    return r
+
+
 def grads_of(out: torch.Tensor, inputs: Iterable[torch.Tensor], grad_out: torch.Tensor) -> tuple:
     """torch.autograd.grad of out against grad_out over the inputs that require grad."""
     req = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]

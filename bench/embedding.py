@@ -5,19 +5,23 @@ Bytes counted (the issue's floor): fwd 2*tokens*D (gather read + write), bwd V*D
 written once + grad_out read), fwd+bwd V*D + 2*tokens*D; all times the element size.
 
 Providers: "fusedops" is the default call (check_bounds=True: one aminmax + host sync per forward);
-"fusedops-nocheck" passes check_bounds=False (the kernels alone)."""
+"fusedops-nocheck" passes check_bounds=False (the kernels alone); "(GPU time)" rows give the device
+time of the same fwd+bwd step from the profiler (no host overhead)."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from bench.common import Context, error_row, fwd_bwd_fns, measure, optional_import
+from bench.common import Context, error_row, fwd_bwd_fns, measure, measure_gpu_time, optional_import
 
 OP = "embedding"
 CASES = [(32768, 768, 16384), (50257, 1600, 8192), (131072, 4096, 16384), (151936, 4096, 16384)]
 CPU_CASES = [(4096, 256, 2048), (32768, 128, 1024)]
 QUICK = {"cpu": [(1024, 64, 256)], "gpu": [(151936, 4096, 16384)]}
+# Providers whose device time per fwd+bwd is also reported ("<name> (GPU time)", from the profiler):
+# the small cases are host-bound in eager mode.
+GPU_TIMED = ("fusedops-nocheck", "torch", "torch.compile", "liger")
 
 
 def nbytes(v: int, d: int, tokens: int, esize: int) -> dict:
@@ -63,16 +67,18 @@ def run(ctx: Context) -> list[dict]:
                 continue
             for mode, f in fns.items():
                 rows.append(measure(ctx, OP, case, name, mode, f, nbytes=counted[mode]))
+            if ctx.device.type == "cuda" and name in GPU_TIMED:
+                rows.append(measure_gpu_time(ctx, OP, case, name, "fwd+bwd", fns["fwd+bwd"], nbytes=counted["fwd+bwd"]))
             del fns
         del weight, indices
         ctx.empty_cache()
     return rows
 
 
-def sweep(cases=((151936, 4096, 16384),)) -> None:
-    """Plan and overhead study on a GPU (not part of the table): kernel-only times of the forward and
-    backward under several CUDA tile shapes, the backward's host-side pieces (sort, searchsorted), and
-    a Zipf-skewed index distribution. Prints one line per measurement."""
+def sweep(cases=((151936, 4096, 16384), (32768, 768, 16384))) -> None:
+    """Plan study on a GPU (not part of the table): kernel-only times of the forward and the backward
+    under several CUDA tile shapes, on uniform and Zipf(1.1) indices.
+    python -c "from bench.embedding import sweep; sweep()" """
     import triton.testing
 
     from fusedops.embedding import op as emb_op
@@ -88,50 +94,38 @@ def sweep(cases=((151936, 4096, 16384),)) -> None:
     copy_tbps = 2 * src.numel() / (bench(lambda: dst.copy_(src)) * 1e-3) / 1e12
     del src, dst
     print(f"sweep copy ceiling {copy_tbps:.3f} TB/s")
-    saved = (emb_plan.CUDA_TILE_BYTES, emb_plan.CUDA_MAX_BLOCK_D)
+    saved = (emb_plan.CUDA_TILE_BYTES, emb_plan.CUDA_MAX_BLOCK_D, emb_plan.CUDA_BWD_TILE_BYTES,
+             emb_plan.CUDA_BWD_MAX_BLOCK_D)
     for v, d, tokens in cases:
         gen = torch.Generator().manual_seed(0)
         weight = torch.randn(v, d, generator=gen).to("cuda", torch.bfloat16)
-        idx = torch.randint(0, v, (tokens,), generator=gen).cuda()
         g = torch.randn(tokens, d, generator=gen).to("cuda", torch.bfloat16)
+        probs = torch.arange(1, v + 1, dtype=torch.float64).pow(-1.1)
+        indices = {
+            "uniform": torch.randint(0, v, (tokens,), generator=gen).cuda(),
+            "zipf1.1": torch.multinomial(probs / probs.sum(), tokens, replacement=True, generator=gen).cuda(),
+        }
         target = target_for(weight.device)
         out = torch.empty(tokens, d, device="cuda", dtype=torch.bfloat16)
         gw = torch.empty(v, d, device="cuda", dtype=torch.bfloat16)
-        perm, offsets = emb_op._run_offsets(idx, v)
         fb, bb = 2 * tokens * d * 2, (v * d + tokens * d) * 2
         for tile_bytes, max_d in [(8192, 512), (16384, 1024), (32768, 2048)]:
             emb_plan.CUDA_TILE_BYTES, emb_plan.CUDA_MAX_BLOCK_D = tile_bytes, max_d
+            emb_plan.CUDA_BWD_TILE_BYTES, emb_plan.CUDA_BWD_MAX_BLOCK_D = tile_bytes, max_d
             pf = emb_plan.make_plan(target, tokens, d, 2, backward=False)
             pb = emb_plan.make_plan(target, v, d, 2, backward=True)
+            idx = indices["uniform"]
             f_ms = bench(lambda: embedding_fwd_kernel[(pf.grid,)](
                 idx, weight, out, tokens, v, d, weight.stride(0), 1,
                 BLOCK_T=pf.block_rows, BLOCK_D=pf.block_d, num_warps=pf.num_warps))
-            b_ms = bench(lambda: embedding_bwd_kernel[(pb.grid,)](
-                g, perm, offsets, gw, v, d, d, 1, -1,
-                SCALE=False, BLOCK_R=pb.block_rows, BLOCK_D=pb.block_d, num_warps=pb.num_warps))
-            print(f"sweep {v},{d},{tokens} tile={tile_bytes} maxd={max_d} "
-                  f"fwd[{pf.block_rows}x{pf.block_d} w{pf.num_warps}] {f_ms:.4f} ms {fb / f_ms / 1e9:.3f} TB/s | "
-                  f"bwd-kernel[{pb.block_rows}x{pb.block_d} w{pb.num_warps}] {b_ms:.4f} ms {bb / b_ms / 1e9:.3f} TB/s")
-        emb_plan.CUDA_TILE_BYTES, emb_plan.CUDA_MAX_BLOCK_D = saved
-        keys32 = idx.to(torch.int32)
-        bounds = torch.arange(v + 1, device="cuda")
-        pieces = {
-            "sort-int64": lambda: torch.sort(idx, stable=True),
-            "sort-int32": lambda: torch.sort(keys32, stable=True),
-            "clamp+cast+sort-int32": lambda: torch.sort(idx.clamp(-1, v).to(torch.int32), stable=True),
-            "searchsorted": lambda: torch.searchsorted(idx, bounds),
-            "run_offsets": lambda: emb_op._run_offsets(idx, v),
-            "zeros(V,D)": lambda: torch.zeros(v, d, device="cuda", dtype=torch.bfloat16),
-            "backward-op": lambda: emb_op._backward(g, idx, v, -1, False, target),
-        }
-        for name, fn in pieces.items():
-            print(f"sweep {v},{d},{tokens} {name} {bench(fn):.4f} ms")
-        zipf = torch.distributions.Zipf if hasattr(torch.distributions, "Zipf") else None
-        ranks = torch.arange(1, v + 1, dtype=torch.float64)
-        probs = ranks.pow(-1.1)
-        skew = torch.multinomial(probs / probs.sum(), tokens, replacement=True, generator=gen).cuda()
-        top = torch.bincount(skew).max().item()
-        print(f"sweep {v},{d},{tokens} zipf1.1 (max count {top}) backward-op "
-              f"{bench(lambda: emb_op._backward(g, skew, v, -1, False, target)):.4f} ms; torch "
-              f"{bench(lambda: torch.ops.aten.embedding_dense_backward(g, skew, v, -1, False)):.4f} ms")
-        del zipf
+            print(f"sweep {v},{d},{tokens} tile={tile_bytes} fwd[{pf.block_rows}x{pf.block_d} w{pf.num_warps}] "
+                  f"{f_ms:.4f} ms {fb / f_ms / 1e9:.3f} TB/s", flush=True)
+            for dist, idx in indices.items():
+                perm, offsets = emb_op._run_offsets(idx, v)
+                b_ms = bench(lambda: embedding_bwd_kernel[(pb.grid,)](
+                    g, perm, offsets, gw, v, d, d, 1, -1, SCALE=False,
+                    BLOCK_R=pb.block_rows, BLOCK_D=pb.block_d, num_warps=pb.num_warps))
+                print(f"sweep {v},{d},{tokens} tile={tile_bytes} {dist} bwd-kernel[{pb.block_rows}x{pb.block_d} "
+                      f"w{pb.num_warps}] {b_ms:.4f} ms {bb / b_ms / 1e9:.3f} TB/s", flush=True)
+        (emb_plan.CUDA_TILE_BYTES, emb_plan.CUDA_MAX_BLOCK_D, emb_plan.CUDA_BWD_TILE_BYTES,
+         emb_plan.CUDA_BWD_MAX_BLOCK_D) = saved

@@ -4,7 +4,7 @@
 # numbers. Baseline wheels in .whl/ (liger-kernel, fla-core, einops) are installed to /tmp/site first.
 #   STEPS="host tune tests bench" OPS="attn_res embedding" TEST_S=200 BENCH_S=330 bash bench/gpu_check.sh
 # STEPS (default "tests bench"): host = bench.host (host overhead vs GPU time), tune = bench.tune_attn_res
-# (attn_res plan sweep), tests = the GPU tests, bench = python -m bench.
+# (attn_res plan sweep), tests = the GPU tests, lm = the example model, bench = python -m bench.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-logs}
@@ -26,8 +26,12 @@ for step in ${STEPS:-tests bench}; do
     tests)
       tests=()
       for op in ${OPS:-attn_res embedding neighborhood_attention}; do tests+=("fusedops_tests/test_$op.py"); done
+      tests+=("fusedops_tests/test_dispatch.py")
       timeout "${TEST_S:-200}" python3 -m pytest "${tests[@]}" -m gpu -q -p no:cacheprovider > "$OUT/gpu_tests.txt" 2>&1
       echo "gpu tests (exit $?):"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.txt" | tail -8 ;;
+    lm)
+      timeout "${LM_S:-200}" python3 -m fusedops.examples.lm --out "$OUT/lm" > "$OUT/lm.txt" 2>&1
+      echo "lm (exit $?):"; tail -n 25 "$OUT/lm.txt" ;;
     bench)
       timeout "${BENCH_S:-330}" python3 -m bench ${OPS:-} --device cuda --no-plots --out "$OUT" \
         > "$OUT/bench.txt" 2> "$OUT/bench_progress.txt"

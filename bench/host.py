@@ -100,6 +100,36 @@ def launch_costs():
     print(f"torch empty + add_ (two tiny eager ops, reference): {t * 1e3:.1f} us")
 
 
+def embedding_backward_pieces(v: int = 151936, d: int = 4096, tokens: int = 16384) -> None:
+    """GPU time of each piece of the embedding backward, and of the alternatives for the run offsets."""
+    from fusedops.embedding import op as emb
+    from fusedops.targets import target_for
+
+    gen = torch.Generator().manual_seed(0)
+    idx = torch.randint(0, v, (tokens,), generator=gen).cuda()
+    g = torch.randn(tokens, d, generator=gen).to("cuda", torch.bfloat16)
+    keys32 = idx.to(torch.int32)
+    sorted_keys = torch.sort(idx)[0]
+    bounds = torch.arange(v + 1, device="cuda")
+    ones = torch.ones(tokens, dtype=torch.int64, device="cuda")
+    target = target_for(idx.device)
+    pieces = {
+        "sort int64": lambda: torch.sort(idx, stable=True),
+        "sort int32": lambda: torch.sort(keys32, stable=True),
+        "clamp+int32 cast": lambda: idx.clamp(-1, v).to(torch.int32),
+        "searchsorted": lambda: torch.searchsorted(sorted_keys, bounds),
+        "arange(V+1)": lambda: torch.arange(v + 1, device="cuda"),
+        "scatter_add histogram + cumsum": lambda: torch.zeros(v + 2, dtype=torch.int64, device="cuda")
+        .scatter_add_(0, idx + 1, ones).cumsum(0),
+        "backward op (all)": lambda: emb._backward(g, idx, v, -1, False, target),
+    }
+    from torch._library.triton import set_wrap_triton_enabled
+
+    with set_wrap_triton_enabled(False):
+        for name, fn in pieces.items():
+            print(f"embedding bwd piece V{v} D{d} T{tokens} {name:32s} GPU {gpu_ms(fn) * 1e3:8.1f} us", flush=True)
+
+
 def main() -> None:
     print(f"{'case':38s} {'path':10s} {'wall ms':>8s} {'GPU ms':>8s}")
     for name, inputs, wrapper, via_ops in cases():
@@ -112,6 +142,7 @@ def main() -> None:
                 print(f"{name:38s} {path:10s} error: {type(e).__name__}: {str(e)[:200]}", flush=True)
         torch._dynamo.reset()
     launch_costs()
+    embedding_backward_pieces()
     name, inputs, wrapper, _ = next(cases())
     step = step_of(wrapper, inputs)
     wall_ms(step)

@@ -18,7 +18,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from bench.common import Context, error_row, measure, optional_import
+from bench.common import Context, error_row, measure, measure_gpu_time, optional_import
 
 OP = "neighborhood_attention"
 # (B, H, spatial, D, kernel)
@@ -32,6 +32,9 @@ CASES = [
 ]
 CPU_CASES = [(1, 2, (256,), 32, (7,)), (1, 2, (16, 16), 32, (5, 5))]
 QUICK = {"cpu": [CPU_CASES[0]], "gpu": [CASES[0], CASES[3]]}
+# Providers whose device time per call is also reported ("<name> (GPU time)": the eager steps of the
+# small cases are host-bound, so wall time alone hides what the kernels take).
+GPU_TIMED = ("fusedops", "flex", "sdpa(full)")
 SWEEP = {
     1: ["1,1,64/1,1,32", "1,1,128/1,1,64", "1,1,128/1,1,32/8", "1,1,128/1,1,128/8", "1,1,64/1,1,64/8"],
     2: ["1,8,8/1,8,8", "1,8,16/1,8,16/8", "1,8,8/1,16,16/8", "1,16,8/1,16,16/8"],
@@ -166,6 +169,9 @@ def run(ctx: Context, sweep: bool = False, all_cases: bool = False, stream: bool
                 continue
             rows.append(measure(ctx, OP, label, name, "fwd", fwd, flops=flops["fwd"]))
             rows.append(measure(ctx, OP, label, name, "fwd+bwd", fwd_bwd, flops=flops["fwd+bwd"]))
+            if ctx.device.type == "cuda" and name in GPU_TIMED:
+                for mode, f in (("fwd", fwd), ("fwd+bwd", fwd_bwd)):
+                    rows.append(measure_gpu_time(ctx, OP, label, name, mode, f, flops=flops[mode]))
             if stream:
                 print(_table(rows[-2:]).split("\n", 1)[1], flush=True)
             ctx.empty_cache()

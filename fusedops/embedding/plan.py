@@ -22,6 +22,10 @@ BACKWARD_FIXED_BYTES = 16
 CUDA_TILE_BYTES = 16 * 1024
 CUDA_MAX_BLOCK_D = 1024
 MAX_WASTE = 1 / 8
+# The backward writes V x D once: 32 KiB tiles with feature blocks up to 2048 measured fastest at
+# V=151936, D=4096 (0.593 ms vs 0.696 ms with the forward's 16 KiB; bench/NOTES.md, embedding v3).
+CUDA_BWD_TILE_BYTES = 32 * 1024
+CUDA_BWD_MAX_BLOCK_D = 2048
 
 
 def next_pow2(n: int) -> int:
@@ -64,8 +68,9 @@ def make_plan(target: Target, rows: int, dim: int, elem_size: int, *, backward: 
         raise ValueError(f"embedding: an on-chip budget of {target.onchip_bytes} bytes cannot hold one aligned tile row")
     largest = prev_pow2(budget)
     if target.vendor == "cuda" and not target.interpreted:
-        wanted = min(largest, max(CUDA_TILE_BYTES // elem_size, 1))
-        block_d = _block_d(dim, min_d, min(CUDA_MAX_BLOCK_D, wanted))
+        tile_bytes, max_d = (CUDA_BWD_TILE_BYTES, CUDA_BWD_MAX_BLOCK_D) if backward else (CUDA_TILE_BYTES, CUDA_MAX_BLOCK_D)
+        wanted = min(largest, max(tile_bytes // elem_size, 1))
+        block_d = _block_d(dim, min_d, min(max_d, wanted))
     else:
         # Ascend and the interpreter: few, large tiles; the whole row when it fits the budget.
         wanted = largest

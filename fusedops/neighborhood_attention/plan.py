@@ -7,7 +7,8 @@ axis first) until one program's working set fits the target's on-chip budget: re
 the 192 KiB Unified Buffer on Ascend. Ascend launches a persistent grid of one program per AI core
 (never more than 65535 programs); CUDA launches one program per tile.
 
-FUSEDOPS_NA_TILES="bm0,bm1,bm2/bn0,bn1,bn2[/warps]" overrides the boxes (for benchmark sweeps).
+FUSEDOPS_NA_TILES="bm0,bm1,bm2/bn0,bn1,bn2[/warps]" overrides the boxes (for benchmark sweeps);
+FUSEDOPS_NA_BWD_TILES does the same for the backward kernels only.
 """
 
 from __future__ import annotations
@@ -82,12 +83,13 @@ def _clamp(box: list[int], limits: Sequence[int], floor: int) -> list[int]:
 
 
 def tiles_override() -> str:
-    """The raw FUSEDOPS_NA_TILES value ("" when unset): part of the launch-spec cache key."""
-    return os.environ.get("FUSEDOPS_NA_TILES", "")
+    """The raw FUSEDOPS_NA_TILES and FUSEDOPS_NA_BWD_TILES values: part of the launch-spec cache key."""
+    return os.environ.get("FUSEDOPS_NA_TILES", "") + "|" + os.environ.get("FUSEDOPS_NA_BWD_TILES", "")
 
 
-def _override() -> tuple[tuple[int, ...], tuple[int, ...], int | None] | None:
-    raw = tiles_override().strip()
+def _override(backward: bool) -> tuple[tuple[int, ...], tuple[int, ...], int | None] | None:
+    forward, backward_raw = tiles_override().split("|")
+    raw = (backward_raw if backward and backward_raw.strip() else forward).strip()
     if not raw:
         return None
     parts = raw.split("/")
@@ -112,11 +114,15 @@ def make_plan(
     boxes = CUDA_BOXES if (target.vendor == "cuda" and not interpreted) else LARGE_BOXES
     bm, bn = (list(b) for b in boxes[ndim])
     warps = None
-    if boxes is CUDA_BOXES and ndim == 1 and kernel_volume >= 16:
+    if boxes is CUDA_BOXES and ndim == 1 and backward:
+        # H100 sweep (bench.tune_neighborhood_attention, GPU time of fwd+bwd): 64-query x 32-key tiles
+        # with 4 warps for every kernel size (k7 0.125 -> 0.107 ms, k33 1.035 -> 0.685, k129 0.432 -> 0.204)
+        bm, bn, warps = [1, 1, 64], [1, 1, 32], 4
+    elif boxes is CUDA_BOXES and ndim == 1 and kernel_volume >= 16:
         bm, bn, warps = [1, 1, 128], [1, 1, 32], 8  # H100 sweep: wide windows want tall query tiles
     elif boxes is CUDA_BOXES and ndim == 3:
         warps = 4
-    override = _override()
+    override = _override(backward)
     if override is not None and not interpreted:
         bm, bn, warps = list(override[0]), list(override[1]), override[2]
     bm = _clamp(bm, group_len, floor)
