@@ -16,6 +16,7 @@ import time
 import torch
 
 import fusedops
+from bench.common import gpu_time_ms
 
 
 def wall_ms(fn, reps: int = 200) -> float:
@@ -30,20 +31,6 @@ def wall_ms(fn, reps: int = 200) -> float:
         torch.cuda.synchronize()
         best = min(best, (time.perf_counter() - t) / reps * 1e3)
     return best
-
-
-def gpu_ms(fn, reps: int = 20) -> float:
-    fn()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
-    total = 0.0
-    for e in prof.key_averages():
-        if e.device_type.name == "CUDA":
-            total += getattr(e, "device_time_total", getattr(e, "cuda_time_total", 0))
-    return total / reps / 1e3
 
 
 def cases():
@@ -127,7 +114,7 @@ def embedding_backward_pieces(v: int = 151936, d: int = 4096, tokens: int = 1638
 
     with set_wrap_triton_enabled(False):
         for name, fn in pieces.items():
-            print(f"embedding bwd piece V{v} D{d} T{tokens} {name:32s} GPU {gpu_ms(fn) * 1e3:8.1f} us", flush=True)
+            print(f"embedding bwd piece V{v} D{d} T{tokens} {name:32s} GPU {gpu_time_ms(fn) * 1e3:8.1f} us", flush=True)
 
 
 def main() -> None:
@@ -137,7 +124,7 @@ def main() -> None:
         for path, fn in (("wrapper", wrapper), ("torch.ops", via_ops), ("compiled", compiled)):
             try:
                 step = step_of(fn, inputs)
-                print(f"{name:38s} {path + ' fb':10s} {wall_ms(step):8.3f} {gpu_ms(step):8.3f}", flush=True)
+                print(f"{name:38s} {path + ' fb':10s} {wall_ms(step):8.3f} {gpu_time_ms(step):8.3f}", flush=True)
             except Exception as e:  # noqa: BLE001
                 print(f"{name:38s} {path:10s} error: {type(e).__name__}: {str(e)[:200]}", flush=True)
         torch._dynamo.reset()
