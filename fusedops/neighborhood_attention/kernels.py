@@ -7,8 +7,9 @@ and the neighbourhood test is plain interval arithmetic on within-group coordina
     original position = within-group index * dilation + group.
 A query tile walks only the key boxes (BN0 x BN1 x BN2) that cover the union of its rows' windows,
 masks per element, and keeps an online softmax in base 2. The backward walks, for each key tile,
-the query tiles whose windows can reach it (bounded from above, each skipped by an exact interval
-test), accumulating dK/dV in registers over all query heads of its GQA group: no atomics.
+exactly the queries whose windows reach it (per axis, a range found by binary search over the
+monotone window ends; each query chunk also skipped by an interval test), accumulating dK/dV in
+registers over all query heads of its GQA group: no atomics.
 
 All tensor offsets are int64; q/k/v/grad_out are read through their own (batch, head, axis) strides,
 so a permuted heads-last view runs without a copy. out, lse, delta and the gradients are contiguous.
@@ -45,6 +46,35 @@ def _reach(K, ST, CAUSAL, TRUNCATED: tl.constexpr):
         before = tl.where(CAUSAL != 0, 0, K + ST)
         after = tl.where(CAUSAL != 0, K - 1, K + ST)
     return before, after
+
+
+@triton.jit
+def _query_span(jl, jh, lg, K, ST, CAUSAL, TRUNCATED: tl.constexpr):
+    """The exact range [first, last] of within-group queries whose windows hold any key in [jl, jh]
+    (first > last when none does). Both window ends are nondecreasing in the query, so each bound is
+    a binary search, confined to the loose reach of _reach (a few steps per key tile)."""
+    before, after = _reach(K, ST, CAUSAL, TRUNCATED)
+    start = tl.maximum(jl - before, 0)
+    stop = tl.minimum(jh + after, lg - 1) + 1
+    # first: the smallest query whose window ends at or after jl
+    a = start
+    b = stop
+    while a < b:
+        mid = (a + b) // 2
+        _, hi = _window(mid, lg, K, ST, CAUSAL, TRUNCATED)
+        right = hi < jl
+        a = tl.where(right, mid + 1, a)
+        b = tl.where(right, b, mid)
+    first = a
+    # last: one before the smallest query whose window starts after jh
+    b = stop
+    while a < b:
+        mid = (a + b) // 2
+        lo, _ = _window(mid, lg, K, ST, CAUSAL, TRUNCATED)
+        right = lo <= jh
+        a = tl.where(right, mid + 1, a)
+        b = tl.where(right, b, mid)
+    return first, a - 1
 
 
 @triton.jit
@@ -371,9 +401,6 @@ def na_bwd_dkdv_kernel(
     dv_mask = dv_off < DV
     r0, r1, r2 = _box(BM0, BM1, BM2)
     c0, c1, c2 = _box(BN0, BN1, BN2)
-    bf0, af0 = _reach(K0, ST0, C0, TRUNCATED)
-    bf1, af1 = _reach(K1, ST1, C1, TRUNCATED)
-    bf2, af2 = _reach(K2, ST2, C2, TRUNCATED)
     for tile in range(pid, num_tiles, tl.num_programs(0)):
         b, hk, a0, a1, a2 = _split_tile(tile, HKV, T0, T1, T2)
         g0 = a0 // NN0
@@ -407,12 +434,15 @@ def na_bwd_dkdv_kernel(
         jh0 = tl.minimum(j00 + BN0 - 1, lg0 - 1)
         jh1 = tl.minimum(j01 + BN1 - 1, lg1 - 1)
         jh2 = tl.minimum(j02 + BN2 - 1, lg2 - 1)
-        qs0 = tl.maximum(jl0 - bf0, 0)
-        qs1 = tl.maximum(jl1 - bf1, 0)
-        qs2 = tl.maximum(jl2 - bf2, 0)
-        qe0 = tl.minimum(jh0 + af0, lg0 - 1)
-        qe1 = tl.minimum(jh1 + af1, lg1 - 1)
-        qe2 = tl.minimum(jh2 + af2, lg2 - 1)
+        qs2, qe2 = _query_span(jl2, jh2, lg2, K2, ST2, C2, TRUNCATED)
+        qs1 = 0
+        qe1 = 0
+        qs0 = 0
+        qe0 = 0
+        if NDIM >= 2:
+            qs1, qe1 = _query_span(jl1, jh1, lg1, K1, ST1, C1, TRUNCATED)
+        if NDIM >= 3:
+            qs0, qe0 = _query_span(jl0, jh0, lg0, K0, ST0, C0, TRUNCATED)
         dk = tl.zeros([BLOCK_D, BN0 * BN1 * BN2], tl.float32)
         dv = tl.zeros([BN0 * BN1 * BN2, BLOCK_DV], tl.float32)
         for gh in range(0, G):
