@@ -1,0 +1,106 @@
+"""Compile every kernel launch of every op, as the H100 plan makes it, for sm_90 with the argument
+types torch.compile's Inductor gives them (Python floats as fp64), without a GPU. Run as a script by
+test_kernels_compile.py, in a process without TRITON_INTERPRET (the interpreter never compiles).
+
+The op bodies run on CPU tensors with `launch` replaced by a recorder, so nothing executes: this
+checks what only a GPU compile would otherwise find (an fp64 scalar changing a loop-carried type, a
+layout-conversion crash at some tile shape) on a CPU-only CI machine."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from fusedops.attn_res import op as attn_res
+from fusedops.embedding import op as embedding
+from fusedops.neighborhood_attention import op as na
+from fusedops.targets import CUDA_ONCHIP_BYTES, Target
+
+H100 = Target(vendor="cuda", vector_cores=132, matrix_cores=132, onchip_bytes=CUDA_ONCHIP_BYTES,
+              max_grid=2**31 - 1, row_align=16, resident=4, persistent=False)
+POINTER = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int64: "*i64",
+           torch.int32: "*i32"}
+
+launches: list = []
+
+
+def record(kernel, grid, tensors, scalars, meta):
+    launches.append((kernel, tuple(tensors), tuple(scalars), dict(meta)))
+
+
+def inductor_signature(kernel, tensors, scalars, meta) -> tuple[dict, dict]:
+    values = list(tensors) + list(scalars)
+    signature, constexprs = {}, {}
+    for i, name in enumerate(kernel.arg_names):
+        if i >= len(values):
+            signature[name], constexprs[name] = "constexpr", meta[name]
+            continue
+        x = values[i]
+        if isinstance(x, torch.Tensor):
+            signature[name] = POINTER[x.dtype]
+        elif isinstance(x, bool):
+            signature[name] = "i1"
+        elif isinstance(x, int):
+            signature[name] = "i32" if -2**31 <= x < 2**31 else "i64"
+        else:
+            signature[name] = "fp64"  # Inductor's type for a Python float argument
+    return signature, constexprs
+
+
+def run_ops() -> None:
+    for mod in (attn_res, embedding, na):
+        mod.launch = record
+    bf16, f32 = torch.bfloat16, torch.float32
+    # attn_res: one tile with two rows in flight, the tiled-D path (D = 16384), fp32
+    for n, dim, dtype in ((8, 4096, bf16), (3, 16384, bf16), (5, 300, f32)):
+        values = torch.randn(n, 2, 8, dim, dtype=dtype)
+        query, weight = torch.randn(dim), torch.rand(dim)
+        attn_res._forward(values, query, weight, 1e-6, H100)
+        attn_res._backward(torch.randn(2, 8, dim, dtype=dtype), values, query, weight, 1e-6, True, True, True, H100)
+    # embedding
+    for dim, dtype in ((4096, bf16), (768, f32)):
+        weight, indices = torch.randn(1000, dim, dtype=dtype), torch.randint(0, 1000, (64,))
+        embedding._forward(weight, indices, H100)
+        embedding._backward(torch.randn(64, dim, dtype=dtype), indices, 1000, -1, True, H100)
+    # neighborhood attention: 1D narrow and wide windows, 2D, 3D, fp32 (ieee dots), truncated + causal
+    for shape, kernel, dtype, window, causal in (
+        ((2, 4, 64, 64), [7], bf16, "shifted", [False]),
+        ((2, 4, 256, 128), [33], bf16, "shifted", [False]),
+        ((1, 2, 16, 16, 64), [7, 7], bf16, "shifted", [False, True]),
+        ((1, 2, 8, 8, 8, 64), [3, 3, 3], bf16, "shifted", [False, False, False]),
+        ((1, 2, 40, 48), [5], f32, "truncated", [True]),
+    ):
+        q = torch.randn(shape, dtype=dtype)
+        ndim = len(kernel)
+        args = (kernel, [1] * ndim, [1] * ndim, causal, q.shape[-1] ** -0.5, window, H100)
+        out, lse = na._forward(q, q, q, *args)
+        na._backward(out, lse, q, q, q, out, lse, *args)
+
+
+def main() -> int:
+    run_ops()
+    failures = 0
+    seen = set()
+    for kernel, tensors, scalars, meta in launches:
+        signature, constexprs = inductor_signature(kernel, tensors, scalars, meta)
+        key = (kernel.fn.__name__, tuple(signature.items()), tuple(constexprs.items()))
+        if key in seen:
+            continue
+        seen.add(key)
+        options = {k: meta[k] for k in ("num_warps", "num_stages") if k in meta}
+        try:
+            triton.compile(ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32), options=options)
+            print("ok", kernel.fn.__name__, constexprs)
+        except Exception as e:  # noqa: BLE001 - report every kernel, then fail
+            failures += 1
+            print("FAILED", kernel.fn.__name__, constexprs, f"{type(e).__name__}: {e}")
+    print(f"{len(seen)} launches compiled for sm_90, {failures} failed")
+    return 1 if failures or not seen else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
