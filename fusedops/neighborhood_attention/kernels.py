@@ -83,6 +83,51 @@ def _group_len(L, DIL, g):
 
 
 @triton.jit
+def _tile_axis(a, NB, DL, L, B: tl.constexpr, r):
+    """One axis of a tile: (dilation group g, the group's length, the tile's first within-group index,
+    the within-group index of each cell, the cell's original position), from the axis's tile index a
+    (NB tiles per group) and the cells' in-box offsets r."""
+    g = a // NB
+    lg = _group_len(L, DL, g)
+    start = (a % NB) * B
+    i = start + r
+    return g, lg, start, i, i * DL + g
+
+
+@triton.jit
+def _tile_windows(i, start, lg, K, ST, CAUSAL, B: tl.constexpr, TRUNCATED: tl.constexpr):
+    """Per-row key windows [lo, hi] of a query tile's cells, and the key range [klo, khi] the whole
+    tile needs (window ends are nondecreasing in the query, so the first and last rows bound it)."""
+    lo, hi = _window(i, lg, K, ST, CAUSAL, TRUNCATED)
+    klo, _ = _window(start, lg, K, ST, CAUSAL, TRUNCATED)
+    _, khi = _window(tl.minimum(start + B - 1, lg - 1), lg, K, ST, CAUSAL, TRUNCATED)
+    return lo, hi, klo, khi
+
+
+@triton.jit
+def _key_cells(j0, j1, j2, khi0, khi1, khi2, g0, g1, g2, DL0, DL1, DL2, NDIM: tl.constexpr):
+    """Which cells of a key box lie inside the key range (up to khi per axis), and their original
+    positions per axis (int64)."""
+    col_ok = j2 <= khi2
+    if NDIM >= 2:
+        col_ok = col_ok & (j1 <= khi1)
+    if NDIM >= 3:
+        col_ok = col_ok & (j0 <= khi0)
+    return col_ok, (j0 * DL0 + g0).to(tl.int64), (j1 * DL1 + g1).to(tl.int64), (j2 * DL2 + g2).to(tl.int64)
+
+
+@triton.jit
+def _neighbours(row_ok, col_ok, j0, j1, j2, lo0, hi0, lo1, hi1, lo2, hi2, NDIM: tl.constexpr):
+    """[query rows, key cells] mask: the key lies in the query's window on every axis."""
+    ok = row_ok[:, None] & col_ok[None, :] & (j2[None, :] >= lo2[:, None]) & (j2[None, :] <= hi2[:, None])
+    if NDIM >= 2:
+        ok = ok & (j1[None, :] >= lo1[:, None]) & (j1[None, :] <= hi1[:, None])
+    if NDIM >= 3:
+        ok = ok & (j0[None, :] >= lo0[:, None]) & (j0[None, :] <= hi0[:, None])
+    return ok
+
+
+@triton.jit
 def _split_tile(t, H, T0, T1, T2):
     """Tile index -> (batch, head, per-axis tile index)."""
     a2 = t % T2
@@ -130,43 +175,23 @@ def na_fwd_kernel(
     for tile in range(pid, num_tiles, tl.num_programs(0)):
         b, h, a0, a1, a2 = _split_tile(tile, H, T0, T1, T2)
         hk = h // G
-        g0 = a0 // NB0
-        g1 = a1 // NB1
-        g2 = a2 // NB2
-        lg0 = _group_len(L0, DL0, g0)
-        lg1 = _group_len(L1, DL1, g1)
-        lg2 = _group_len(L2, DL2, g2)
-        i00 = (a0 % NB0) * BM0
-        i01 = (a1 % NB1) * BM1
-        i02 = (a2 % NB2) * BM2
-        i0 = i00 + r0
-        i1 = i01 + r1
-        i2 = i02 + r2
+        g0, lg0, i00, i0, p0 = _tile_axis(a0, NB0, DL0, L0, BM0, r0)
+        g1, lg1, i01, i1, p1 = _tile_axis(a1, NB1, DL1, L1, BM1, r1)
+        g2, lg2, i02, i2, p2 = _tile_axis(a2, NB2, DL2, L2, BM2, r2)
         row_ok = (i0 < lg0) & (i1 < lg1) & (i2 < lg2)
-        p0 = i0 * DL0 + g0
-        p1 = i1 * DL1 + g1
-        p2 = i2 * DL2 + g2
         q_rows = b.to(tl.int64) * sqb + h.to(tl.int64) * sqh + p0.to(tl.int64) * sq0 + p1.to(tl.int64) * sq1 \
             + p2.to(tl.int64) * sq2
         q = tl.load(q_ptr + q_rows[:, None] + dq_off[None, :], mask=row_ok[:, None] & d_mask[None, :], other=0.0)
         if DOT_FP32:
             q = q.to(tl.float32)
         # per-row windows, and the key range of the whole tile (windows are monotone in the query)
-        lo2, hi2 = _window(i2, lg2, K2, ST2, C2, TRUNCATED)
-        klo2, _ = _window(i02, lg2, K2, ST2, C2, TRUNCATED)
-        _, khi2 = _window(tl.minimum(i02 + BM2 - 1, lg2 - 1), lg2, K2, ST2, C2, TRUNCATED)
-        klo1 = 0
-        khi1 = 0
-        klo0 = 0
-        khi0 = 0
+        lo2, hi2, klo2, khi2 = _tile_windows(i2, i02, lg2, K2, ST2, C2, BM2, TRUNCATED)
+        lo1, hi1, klo1, khi1 = 0, 0, 0, 0  # axes a 1-D or 2-D problem does not have
+        lo0, hi0, klo0, khi0 = 0, 0, 0, 0
         if NDIM >= 2:
-            lo1, hi1 = _window(i1, lg1, K1, ST1, C1, TRUNCATED)
-            klo1, _ = _window(i01, lg1, K1, ST1, C1, TRUNCATED)
-            _, khi1 = _window(tl.minimum(i01 + BM1 - 1, lg1 - 1), lg1, K1, ST1, C1, TRUNCATED)
+            lo1, hi1, klo1, khi1 = _tile_windows(i1, i01, lg1, K1, ST1, C1, BM1, TRUNCATED)
         if NDIM >= 3:
-            lo0, hi0 = _window(i0, lg0, K0, ST0, C0, TRUNCATED)
-            klo0, _ = _window(i00, lg0, K0, ST0, C0, TRUNCATED)
-            _, khi0 = _window(tl.minimum(i00 + BM0 - 1, lg0 - 1), lg0, K0, ST0, C0, TRUNCATED)
+            lo0, hi0, klo0, khi0 = _tile_windows(i0, i00, lg0, K0, ST0, C0, BM0, TRUNCATED)
         kv_base_k = b.to(tl.int64) * skb + hk.to(tl.int64) * skh
         kv_base_v = b.to(tl.int64) * svb + hk.to(tl.int64) * svh
         m_i = tl.full([BM0 * BM1 * BM2], -1.0e30, tl.float32)
@@ -178,14 +203,7 @@ def na_fwd_kernel(
                 j1 = j01 + c1
                 for j02 in range(klo2, khi2 + 1, BN2):
                     j2 = j02 + c2
-                    col_ok = j2 <= khi2
-                    if NDIM >= 2:
-                        col_ok = col_ok & (j1 <= khi1)
-                    if NDIM >= 3:
-                        col_ok = col_ok & (j0 <= khi0)
-                    pk0 = (j0 * DL0 + g0).to(tl.int64)
-                    pk1 = (j1 * DL1 + g1).to(tl.int64)
-                    pk2 = (j2 * DL2 + g2).to(tl.int64)
+                    col_ok, pk0, pk1, pk2 = _key_cells(j0, j1, j2, khi0, khi1, khi2, g0, g1, g2, DL0, DL1, DL2, NDIM)
                     k_cols = kv_base_k + pk0 * sk0 + pk1 * sk1 + pk2 * sk2
                     v_cols = kv_base_v + pk0 * sv0 + pk1 * sv1 + pk2 * sv2
                     kt = tl.load(k_ptr + k_cols[None, :] + dq_off[:, None], mask=col_ok[None, :] & d_mask[:, None],
@@ -196,12 +214,7 @@ def na_fwd_kernel(
                         kt = kt.to(tl.float32)
                         vt = vt.to(tl.float32)
                     s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
-                    ok = (row_ok[:, None] & col_ok[None, :]
-                          & (j2[None, :] >= lo2[:, None]) & (j2[None, :] <= hi2[:, None]))
-                    if NDIM >= 2:
-                        ok = ok & (j1[None, :] >= lo1[:, None]) & (j1[None, :] <= hi1[:, None])
-                    if NDIM >= 3:
-                        ok = ok & (j0[None, :] >= lo0[:, None]) & (j0[None, :] <= hi0[:, None])
+                    ok = _neighbours(row_ok, col_ok, j0, j1, j2, lo0, hi0, lo1, hi1, lo2, hi2, NDIM)
                     s = tl.where(ok, s, float("-inf"))
                     m_new = tl.maximum(m_i, tl.max(s, axis=1))
                     alpha = tl.exp2(m_i - m_new)
@@ -283,22 +296,10 @@ def na_bwd_dq_kernel(
     for tile in range(pid, num_tiles, tl.num_programs(0)):
         b, h, a0, a1, a2 = _split_tile(tile, H, T0, T1, T2)
         hk = h // G
-        g0 = a0 // NB0
-        g1 = a1 // NB1
-        g2 = a2 // NB2
-        lg0 = _group_len(L0, DL0, g0)
-        lg1 = _group_len(L1, DL1, g1)
-        lg2 = _group_len(L2, DL2, g2)
-        i00 = (a0 % NB0) * BM0
-        i01 = (a1 % NB1) * BM1
-        i02 = (a2 % NB2) * BM2
-        i0 = i00 + r0
-        i1 = i01 + r1
-        i2 = i02 + r2
+        g0, lg0, i00, i0, p0 = _tile_axis(a0, NB0, DL0, L0, BM0, r0)
+        g1, lg1, i01, i1, p1 = _tile_axis(a1, NB1, DL1, L1, BM1, r1)
+        g2, lg2, i02, i2, p2 = _tile_axis(a2, NB2, DL2, L2, BM2, r2)
         row_ok = (i0 < lg0) & (i1 < lg1) & (i2 < lg2)
-        p0 = i0 * DL0 + g0
-        p1 = i1 * DL1 + g1
-        p2 = i2 * DL2 + g2
         pos0 = p0.to(tl.int64)
         pos1 = p1.to(tl.int64)
         pos2 = p2.to(tl.int64)
@@ -313,21 +314,13 @@ def na_bwd_dq_kernel(
         lse2 = tl.load(lse_ptr + flat, mask=row_ok, other=0.0) * 1.4426950408889634
         delta = tl.load(delta_ptr + flat, mask=row_ok, other=0.0)
         # per-row windows, and the key range of the whole tile (windows are monotone in the query)
-        lo2, hi2 = _window(i2, lg2, K2, ST2, C2, TRUNCATED)
-        klo2, _ = _window(i02, lg2, K2, ST2, C2, TRUNCATED)
-        _, khi2 = _window(tl.minimum(i02 + BM2 - 1, lg2 - 1), lg2, K2, ST2, C2, TRUNCATED)
-        klo1 = 0
-        khi1 = 0
-        klo0 = 0
-        khi0 = 0
+        lo2, hi2, klo2, khi2 = _tile_windows(i2, i02, lg2, K2, ST2, C2, BM2, TRUNCATED)
+        lo1, hi1, klo1, khi1 = 0, 0, 0, 0  # axes a 1-D or 2-D problem does not have
+        lo0, hi0, klo0, khi0 = 0, 0, 0, 0
         if NDIM >= 2:
-            lo1, hi1 = _window(i1, lg1, K1, ST1, C1, TRUNCATED)
-            klo1, _ = _window(i01, lg1, K1, ST1, C1, TRUNCATED)
-            _, khi1 = _window(tl.minimum(i01 + BM1 - 1, lg1 - 1), lg1, K1, ST1, C1, TRUNCATED)
+            lo1, hi1, klo1, khi1 = _tile_windows(i1, i01, lg1, K1, ST1, C1, BM1, TRUNCATED)
         if NDIM >= 3:
-            lo0, hi0 = _window(i0, lg0, K0, ST0, C0, TRUNCATED)
-            klo0, _ = _window(i00, lg0, K0, ST0, C0, TRUNCATED)
-            _, khi0 = _window(tl.minimum(i00 + BM0 - 1, lg0 - 1), lg0, K0, ST0, C0, TRUNCATED)
+            lo0, hi0, klo0, khi0 = _tile_windows(i0, i00, lg0, K0, ST0, C0, BM0, TRUNCATED)
         kv_base_k = b.to(tl.int64) * skb + hk.to(tl.int64) * skh
         kv_base_v = b.to(tl.int64) * svb + hk.to(tl.int64) * svh
         dq = tl.zeros([BM0 * BM1 * BM2, BLOCK_D], tl.float32)
@@ -337,14 +330,7 @@ def na_bwd_dq_kernel(
                 j1 = j01 + c1
                 for j02 in range(klo2, khi2 + 1, BN2):
                     j2 = j02 + c2
-                    col_ok = j2 <= khi2
-                    if NDIM >= 2:
-                        col_ok = col_ok & (j1 <= khi1)
-                    if NDIM >= 3:
-                        col_ok = col_ok & (j0 <= khi0)
-                    pk0 = (j0 * DL0 + g0).to(tl.int64)
-                    pk1 = (j1 * DL1 + g1).to(tl.int64)
-                    pk2 = (j2 * DL2 + g2).to(tl.int64)
+                    col_ok, pk0, pk1, pk2 = _key_cells(j0, j1, j2, khi0, khi1, khi2, g0, g1, g2, DL0, DL1, DL2, NDIM)
                     k_cols = kv_base_k + pk0 * sk0 + pk1 * sk1 + pk2 * sk2
                     v_cols = kv_base_v + pk0 * sv0 + pk1 * sv1 + pk2 * sv2
                     kt = tl.load(k_ptr + k_cols[None, :] + dq_off[:, None], mask=col_ok[None, :] & d_mask[:, None],
@@ -355,12 +341,7 @@ def na_bwd_dq_kernel(
                         kt = kt.to(tl.float32)
                         vt = vt.to(tl.float32)
                     s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
-                    ok = (row_ok[:, None] & col_ok[None, :]
-                          & (j2[None, :] >= lo2[:, None]) & (j2[None, :] <= hi2[:, None]))
-                    if NDIM >= 2:
-                        ok = ok & (j1[None, :] >= lo1[:, None]) & (j1[None, :] <= hi1[:, None])
-                    if NDIM >= 3:
-                        ok = ok & (j0[None, :] >= lo0[:, None]) & (j0[None, :] <= hi0[:, None])
+                    ok = _neighbours(row_ok, col_ok, j0, j1, j2, lo0, hi0, lo1, hi1, lo2, hi2, NDIM)
                     p = tl.where(ok, tl.exp2(s - lse2[:, None]), 0.0)
                     dp = tl.dot(do, vt, input_precision=PRECISION)
                     ds = p * (dp - delta[:, None])
@@ -403,22 +384,10 @@ def na_bwd_dkdv_kernel(
     c0, c1, c2 = _box(BN0, BN1, BN2)
     for tile in range(pid, num_tiles, tl.num_programs(0)):
         b, hk, a0, a1, a2 = _split_tile(tile, HKV, T0, T1, T2)
-        g0 = a0 // NN0
-        g1 = a1 // NN1
-        g2 = a2 // NN2
-        lg0 = _group_len(L0, DL0, g0)
-        lg1 = _group_len(L1, DL1, g1)
-        lg2 = _group_len(L2, DL2, g2)
-        j00 = (a0 % NN0) * BN0
-        j01 = (a1 % NN1) * BN1
-        j02 = (a2 % NN2) * BN2
-        j0 = j00 + c0
-        j1 = j01 + c1
-        j2 = j02 + c2
+        g0, lg0, j00, j0, pk0 = _tile_axis(a0, NN0, DL0, L0, BN0, c0)
+        g1, lg1, j01, j1, pk1 = _tile_axis(a1, NN1, DL1, L1, BN1, c1)
+        g2, lg2, j02, j2, pk2 = _tile_axis(a2, NN2, DL2, L2, BN2, c2)
         col_ok = (j0 < lg0) & (j1 < lg1) & (j2 < lg2)
-        pk0 = j0 * DL0 + g0
-        pk1 = j1 * DL1 + g1
-        pk2 = j2 * DL2 + g2
         k_cols = b.to(tl.int64) * skb + hk.to(tl.int64) * skh + pk0.to(tl.int64) * sk0 + pk1.to(tl.int64) * sk1 \
             + pk2.to(tl.int64) * sk2
         v_cols = b.to(tl.int64) * svb + hk.to(tl.int64) * svh + pk0.to(tl.int64) * sv0 + pk1.to(tl.int64) * sv1 \
@@ -488,14 +457,12 @@ def na_bwd_dkdv_kernel(
                                     lse2 = tl.load(lse_ptr + flat, mask=row_ok, other=0.0) * 1.4426950408889634
                                     delta = tl.load(delta_ptr + flat, mask=row_ok, other=0.0)
                                     lo2, hi2 = _window(i2, lg2, K2, ST2, C2, TRUNCATED)
-                                    ok = (row_ok[:, None] & col_ok[None, :]
-                                          & (j2[None, :] >= lo2[:, None]) & (j2[None, :] <= hi2[:, None]))
+                                    lo1, hi1, lo0, hi0 = 0, 0, 0, 0
                                     if NDIM >= 2:
                                         lo1, hi1 = _window(i1, lg1, K1, ST1, C1, TRUNCATED)
-                                        ok = ok & (j1[None, :] >= lo1[:, None]) & (j1[None, :] <= hi1[:, None])
                                     if NDIM >= 3:
                                         lo0, hi0 = _window(i0, lg0, K0, ST0, C0, TRUNCATED)
-                                        ok = ok & (j0[None, :] >= lo0[:, None]) & (j0[None, :] <= hi0[:, None])
+                                    ok = _neighbours(row_ok, col_ok, j0, j1, j2, lo0, hi0, lo1, hi1, lo2, hi2, NDIM)
                                     s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
                                     p = tl.where(ok, tl.exp2(s - lse2[:, None]), 0.0)
                                     dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PRECISION)
