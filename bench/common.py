@@ -200,12 +200,16 @@ def measure(
     nbytes: Optional[float] = None,
     flops: Optional[float] = None,
     memory: bool = True,
+    gpu_time: bool = False,
 ) -> dict:
     """Time fn (and its peak memory) into a row; nbytes gives tbps and pct_ceiling, flops gives tflops.
+    gpu_time: the row "<provider> (GPU time)" holds `gpu_time_ms` of fn instead (no memory column).
     Any exception (OOM included) becomes the row's error."""
+    if gpu_time:
+        provider, memory = f"{provider} (GPU time)", False
     ctx.progress(f"{op} {case_name(case)} {provider} {mode}")
     try:
-        ms = ctx.time(fn)
+        ms = gpu_time_ms(fn) if gpu_time else ctx.time(fn)
         r = row(op, case, provider, mode, ms=ms)
         if nbytes is not None:
             r["tbps"] = nbytes / (ms * 1e-3) / 1e12
@@ -249,26 +253,6 @@ def gpu_time_ms(fn: Callable[[], Any], reps: int = 10) -> float:
         if event.device_type.name == "CUDA":
             total_us += getattr(event, "device_time_total", 0.0) or getattr(event, "cuda_time_total", 0.0)
     return total_us / reps / 1e3
-
-
-def measure_gpu_time(ctx: "Context", op: str, case: Any, provider: str, mode: str, fn: Callable[[], Any],
-                     nbytes: Optional[float] = None, flops: Optional[float] = None) -> dict:
-    """A row "<provider> (GPU time)": gpu_time_ms of fn, with the same derived columns as `measure`."""
-    name = f"{provider} (GPU time)"
-    ctx.progress(f"{op} {case_name(case)} {name} {mode}")
-    try:
-        ms = gpu_time_ms(fn)
-    except Exception as e:  # noqa: BLE001
-        return error_row(op, case, name, mode, e)
-    r = row(op, case, name, mode, ms=ms)
-    if nbytes is not None:
-        r["tbps"] = nbytes / (ms * 1e-3) / 1e12
-        if ctx.ceiling_tbps == ctx.ceiling_tbps:
-            r["pct_ceiling"] = 100.0 * r["tbps"] / ctx.ceiling_tbps
-    if flops is not None:
-        r["tflops"] = flops / (ms * 1e-3) / 1e12
-    ctx.progress(f"  {op} {case_name(case)} {name} {mode}: {ms:.4g} ms")
-    return r
 
 
 def grads_of(out: torch.Tensor, inputs: Iterable[torch.Tensor], grad_out: torch.Tensor) -> tuple:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from bench.common import Context, error_row, fwd_bwd_fns, measure, measure_gpu_time, optional_import
+from bench.common import Context, error_row, fwd_bwd_fns, measure, optional_import
 
 OP = "embedding"
 CASES = [(32768, 768, 16384), (50257, 1600, 8192), (131072, 4096, 16384), (151936, 4096, 16384)]
@@ -68,7 +68,8 @@ def run(ctx: Context) -> list[dict]:
             for mode, f in fns.items():
                 rows.append(measure(ctx, OP, case, name, mode, f, nbytes=counted[mode]))
             if ctx.device.type == "cuda" and name in GPU_TIMED:
-                rows.append(measure_gpu_time(ctx, OP, case, name, "fwd+bwd", fns["fwd+bwd"], nbytes=counted["fwd+bwd"]))
+                rows.append(measure(ctx, OP, case, name, "fwd+bwd", fns["fwd+bwd"], nbytes=counted["fwd+bwd"],
+                                    gpu_time=True))
             del fns
         del weight, indices
         ctx.empty_cache()

@@ -18,7 +18,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from bench.common import Context, error_row, measure, measure_gpu_time, optional_import
+from bench.common import Context, error_row, measure, optional_import
 
 OP = "neighborhood_attention"
 # (B, H, spatial, D, kernel)
@@ -171,7 +171,7 @@ def run(ctx: Context, sweep: bool = False, all_cases: bool = False, stream: bool
             rows.append(measure(ctx, OP, label, name, "fwd+bwd", fwd_bwd, flops=flops["fwd+bwd"]))
             if ctx.device.type == "cuda" and name in GPU_TIMED:
                 for mode, f in (("fwd", fwd), ("fwd+bwd", fwd_bwd)):
-                    rows.append(measure_gpu_time(ctx, OP, label, name, mode, f, flops=flops[mode]))
+                    rows.append(measure(ctx, OP, label, name, mode, f, flops=flops[mode], gpu_time=True))
             if stream:
                 print(_table(rows[-2:]).split("\n", 1)[1], flush=True)
             ctx.empty_cache()
