@@ -112,8 +112,24 @@ def _backward(
     return grad_weight
 
 
+def _run_checked(
+    weight: Tensor, indices: Tensor, padding_idx: Optional[int], scale_grad_by_freq: bool = False
+) -> Tensor:
+    """The op on checked arguments; CPU indices are bounds-checked here (the GPU check is the
+    wrapper's, optional). scale_grad_by_freq only matters to the backward."""
+    if indices.device.type == "cpu":
+        if is_fake(indices):
+            # Traced by torch.compile/export: no data to name, but the compiled graph must still
+            # refuse a bad index rather than return the kernel's masked zero row.
+            in_range = ((indices >= 0) & (indices < weight.shape[0])).all()
+            torch._assert_async(in_range, f"fusedops.embedding: indices outside the weight's rows [0, {weight.shape[0]})")
+        else:
+            raise_if_out_of_range(indices, weight.shape[0])
+    return _run(weight, indices, padding_idx)
+
+
 def _run(weight: Tensor, indices: Tensor, padding_idx: Optional[int]) -> Tensor:
-    """The op on checked arguments (bounds already checked where required)."""
+    """Kernels under the device's plan, or the reference."""
     target = target_for(weight.device)
     if target is None:
         return reference.embedding(weight, indices, normalize_padding_idx(padding_idx, weight.shape[0]))
@@ -133,15 +149,7 @@ def embedding_op(weight: Tensor, indices: Tensor, padding_idx: Optional[int], sc
     tensors an out-of-range index raises IndexError (RuntimeError from the in-graph assert when
     traced); elsewhere the kernel masks it (a zero row)."""
     check_args(weight, indices, padding_idx)
-    if indices.device.type == "cpu":
-        if is_fake(indices):
-            # Traced by torch.compile/export: no data to name, but the compiled graph must still
-            # refuse a bad index rather than return the kernel's masked zero row.
-            in_range = ((indices >= 0) & (indices < weight.shape[0])).all()
-            torch._assert_async(in_range, f"fusedops.embedding: indices outside the weight's rows [0, {weight.shape[0]})")
-        else:
-            raise_if_out_of_range(indices, weight.shape[0])
-    return _run(weight, indices, padding_idx)
+    return _run_checked(weight, indices, padding_idx)
 
 
 def check_backward_args(grad_out: Tensor, indices: Tensor, num_weights: int, padding_idx: Optional[int]) -> int:
@@ -204,12 +212,6 @@ def _backward_rule(ctx, grad_out):
 
 
 embedding_op.register_autograd(_backward_rule, setup_context=_setup_context)
-
-
-def _run_checked(weight: Tensor, indices: Tensor, padding_idx: Optional[int], scale_grad_by_freq: bool) -> Tensor:
-    if indices.device.type == "cpu":
-        raise_if_out_of_range(indices, weight.shape[0])
-    return _run(weight, indices, padding_idx)
 
 
 _Direct = direct_autograd("Embedding", _run_checked, _setup_context, _backward_rule)
