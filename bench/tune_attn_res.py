@@ -1,6 +1,7 @@
 """Sweep attn_res launch plans on a GPU (not part of `python -m bench`): times the forward and the
-backward kernels for each (block_t, num_warps, grid) around the planner's choice, so a plan change
-is backed by a measurement. Usage: python -m bench.tune_attn_res"""
+one-pass backward kernels for each (block_t, num_warps, programs, unroll) around the planner's choice,
+plus the planner's two-phase backward for reference, so a plan change is backed by a measurement.
+Usage: python -m bench.tune_attn_res"""
 
 from __future__ import annotations
 
@@ -11,11 +12,11 @@ import triton.testing
 from torch._library.triton import set_wrap_triton_enabled
 
 from bench.common import measure_ceiling
-from fusedops.attn_res.op import _backward, _forward
+from fusedops.attn_res.op import _backward, _forward, backward_plan
 from fusedops.attn_res.plan import make_plan
 from fusedops.targets import cuda_target
 
-CASES = [(8, 8192, 4096), (16, 4096, 4096), (64, 2048, 4096), (8, 8192, 8192)]
+CASES = [(8, 8192, 4096), (16, 4096, 4096), (64, 2048, 4096), (4, 8192, 4096), (8, 8192, 8192)]
 
 
 def main() -> None:
@@ -25,38 +26,54 @@ def main() -> None:
         sweep()
 
 
+def _time(label, fn, nbytes, ceiling, planner):
+    ms = triton.testing.do_bench(fn, return_mode="median")
+    print(f"{label}: {ms:.3f} ms {100 * nbytes / ms / 1e9 / ceiling:.0f}%{' (planner)' if planner else ''}", flush=True)
+
+
 def sweep() -> None:
     dev = torch.device("cuda")
     target = cuda_target(dev)
     ceiling = measure_ceiling(dev)
     print(f"copy ceiling {ceiling:.2f} TB/s")
+    sms = target.vector_cores
     for n, tokens, dim in CASES:
         v = torch.randn(n, tokens, dim, device=dev, dtype=torch.bfloat16)
         q = torch.randn(dim, device=dev) * 0.05
         w = torch.rand(dim, device=dev) + 0.5
         g = torch.randn(tokens, dim, device=dev, dtype=torch.bfloat16)
         fwd_bytes, bwd_bytes = (n + 1) * tokens * dim * 2, (2 * n + 1) * tokens * dim * 2
-        for backward in (False, True):
-            base = make_plan(target, tokens, dim, 2, backward=backward)
-            nbytes = bwd_bytes if backward else fwd_bytes
-            for block_t, warps in ((1, 4), (1, 8), (2, 4), (2, 8)):
-                for unroll in (1, 2):
-                    for stages in (1,):
-                        grid = -(-tokens // block_t)
-                        grid = min(grid, 2 * target.vector_cores) if backward else grid
-                        plan = dataclasses.replace(base, block_t=block_t, num_warps=warps, grid=grid,
-                                                   unroll=unroll, num_stages=stages)
-                        if backward:
-                            fn = lambda: _backward(g, v, q, w, 1e-6, True, True, True, target, plan)  # noqa: E731
-                        else:
-                            fn = lambda: _forward(v, q, w, 1e-6, target, plan)  # noqa: E731
-                        ms = triton.testing.do_bench(fn, return_mode="median")
-                        same = (block_t, warps, unroll, stages) == (base.block_t, base.num_warps, base.unroll,
-                                                                     base.num_stages)
-                        print(f"{'bwd' if backward else 'fwd'} N{n} T{tokens} D{dim} bt{block_t} w{warps} "
-                              f"u{unroll} s{stages}: {ms:.3f} ms {100 * nbytes / ms / 1e9 / ceiling:.0f}%"
-                              f"{' (planner)' if same else ''}", flush=True)
-        del v, g
+        case = f"N{n} T{tokens} D{dim}"
+        base = make_plan(target, tokens, dim, 2, backward=False)
+        for block_t, warps, per_sm in ((2, 4, 0), (1, 4, 4), (2, 4, 2), (2, 4, 4)):
+            if block_t * dim > 8192 and (block_t, warps) != (base.block_t, base.num_warps):
+                continue
+            blocks = -(-tokens // block_t)
+            plan = dataclasses.replace(base, block_t=block_t, num_warps=warps,
+                                       grid=min(blocks, per_sm * sms) if per_sm else blocks)
+            same = (block_t, warps, plan.grid) == (base.block_t, base.num_warps, base.grid)
+            _time(f"fwd {case} bt{block_t} w{warps} grid {plan.grid}", lambda: _forward(v, q, w, 1e-6, target, plan),
+                  fwd_bytes, ceiling, same)
+        out, lse = _forward(v, q, w, 1e-6, target)
+        two_phase = backward_plan(target, tokens, dim, 2, one_pass=False)
+        _time(f"bwd two-phase {case}", lambda: _backward(g, v, q, w, 1e-6, True, True, True, target), bwd_bytes,
+              ceiling, True)
+        base = backward_plan(target, tokens, dim, 2, one_pass=True)
+        if not base.one_pass:
+            print(f"bwd one-pass {case}: no one-pass plan (two-phase {two_phase})")
+            continue
+        for block_t, warps in ((1, 4), (1, 8), (2, 4)):
+            if block_t * dim > 16384:
+                continue
+            for per_sm in (2, 4, 8):
+                for unroll in (2,):
+                    grid = min(-(-tokens // block_t), per_sm * sms)
+                    plan = dataclasses.replace(base, block_t=block_t, num_warps=warps, grid=grid, unroll=unroll)
+                    same = (block_t, warps, grid, unroll) == (base.block_t, base.num_warps, base.grid, base.unroll)
+                    _time(f"bwd one-pass {case} bt{block_t} w{warps} {per_sm}/SM u{unroll}",
+                          lambda: _backward(g, v, q, w, 1e-6, True, True, True, target, out, lse, None, plan),
+                          bwd_bytes, ceiling, same)
+        del v, g, out
         torch.cuda.empty_cache()
 
 

@@ -55,12 +55,16 @@ def run_ops() -> None:
     for mod in (attn_res, embedding, na):
         mod.launch = record
     bf16, f32 = torch.bfloat16, torch.float32
-    # attn_res: one tile with two rows in flight, the tiled-D path (D = 16384), fp32
-    for n, dim, dtype in ((8, 4096, bf16), (3, 16384, bf16), (5, 300, f32)):
+    # attn_res: one tile with two rows in flight, the tiled-D path (D = 16384), fp32; both backwards
+    # (two-phase without the forward's statistics, one pass with them, a gradient of lse or not)
+    for n, dim, dtype in ((8, 4096, bf16), (8, 8192, bf16), (3, 16384, bf16), (5, 300, f32)):
         values = torch.randn(n, 2, 8, dim, dtype=dtype)
         query, weight = torch.randn(dim), torch.rand(dim)
-        attn_res._forward(values, query, weight, 1e-6, H100)
-        attn_res._backward(torch.randn(2, 8, dim, dtype=dtype), values, query, weight, 1e-6, True, True, True, H100)
+        out, lse = attn_res._forward(values, query, weight, 1e-6, H100)
+        grad_out = torch.randn(2, 8, dim, dtype=dtype)
+        attn_res._backward(grad_out, values, query, weight, 1e-6, True, True, True, H100)
+        attn_res._backward(grad_out, values, query, weight, 1e-6, True, True, True, H100, out, lse)
+        attn_res._backward(grad_out, values, query, weight, 1e-6, True, False, True, H100, out, lse, torch.randn(2, 8))
     # embedding
     for dim, dtype in ((4096, bf16), (768, f32)):
         weight, indices = torch.randn(1000, dim, dtype=dtype), torch.randint(0, 1000, (64,))

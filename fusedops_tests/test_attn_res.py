@@ -32,29 +32,41 @@ from .helpers import (
 TILED_BUDGET = 2048  # bytes: forces D tiles of 64-128 elements on both plans
 
 
-def einsum_attn_res(values, query, norm_weight, eps):
+def einsum_attn_res(values, query, norm_weight, eps, return_lse=False):
     """The definition, in float64, written independently of fusedops.attn_res.reference."""
     v = values.double()
     w = torch.ones_like(query, dtype=torch.float64) if norm_weight is None else norm_weight.double()
     rms = torch.sqrt(torch.einsum("n...d,n...d->n...", v, v) / v.shape[-1] + eps)
     logits = torch.einsum("n...d,d->n...", v, query.double() * w) / rms
     alpha = torch.softmax(logits, dim=0)
-    return torch.einsum("n...,n...d->...d", alpha, v)
+    out = torch.einsum("n...,n...d->...d", alpha, v)
+    return (out, torch.logsumexp(logits, dim=0)) if return_lse else out
 
 
-def reference_grads(values, query, norm_weight, eps, grad_out):
+def reference_grads(values, query, norm_weight, eps, grad_out, grad_lse=None):
     leaves = [t.detach().double().requires_grad_() for t in (values, query)]
     if norm_weight is not None:
         leaves.append(norm_weight.detach().double().requires_grad_())
-    out = einsum_attn_res(leaves[0], leaves[1], leaves[2] if norm_weight is not None else None, eps)
-    grads = torch.autograd.grad(out, leaves, grad_out.double())
+    out, lse = einsum_attn_res(leaves[0], leaves[1], leaves[2] if norm_weight is not None else None, eps, True)
+    if grad_lse is None:
+        grads = torch.autograd.grad(out, leaves, grad_out.double())
+    else:
+        grads = torch.autograd.grad((out, lse), leaves, (grad_out.double(), grad_lse.double()))
     return out.detach(), grads
 
 
-def run_op(values, query, norm_weight, eps, grad_out):
+# The entries: the wrapper runs fusedops::attn_res_with_lse, whose backward makes one pass over values
+# with the saved out and lse; torch.ops.fusedops.attn_res saves neither, so its backward is two-phase.
+ENTRIES = {
+    "wrapper": lambda v, q, w, eps: fusedops.attn_res(v, q, w, eps),
+    "ops.attn_res": lambda v, q, w, eps: torch.ops.fusedops.attn_res(v, q, w, eps),
+}
+
+
+def run_op(values, query, norm_weight, eps, grad_out, entry="wrapper"):
     leaves = [t.detach().clone().requires_grad_() for t in (values, query)]
     weight = None if norm_weight is None else norm_weight.detach().clone().requires_grad_()
-    out = fusedops.attn_res(leaves[0], leaves[1], weight, eps)
+    out = ENTRIES[entry](leaves[0], leaves[1], weight, eps)
     out.backward(grad_out)
     grads = [leaves[0].grad, leaves[1].grad] + ([weight.grad] if weight is not None else [])
     return out.detach(), grads
@@ -81,7 +93,7 @@ def grad_tolerance_scale(dtype):
     return 1.0 if dtype == torch.float32 else 2.0
 
 
-def grad_term_sizes(values, query, norm_weight, eps, grad_out):
+def grad_term_sizes(values, query, norm_weight, eps, grad_out, grad_lse=None):
     """Sizes of the terms the gradients sum, each taken in absolute value: rounding in fp32 scales
     with these, not with the gradients, which can be tiny where the terms cancel (a saturated softmax
     makes dot(g, v_i) - dot(g, out) cancel). Returns (values, query, norm_weight) term sizes."""
@@ -93,18 +105,21 @@ def grad_term_sizes(values, query, norm_weight, eps, grad_out):
     alpha = torch.softmax(logits, 0)
     gv_abs = (g.abs() * v.abs()).sum(-1, keepdim=True)
     ds_abs = alpha * (gv_abs + (alpha * gv_abs).sum(0, keepdim=True))
+    if grad_lse is not None:
+        ds_abs = ds_abs + alpha * grad_lse.double().abs().unsqueeze(-1)
     values_terms = alpha * g.abs() + ds_abs * rstd * (u.abs() + logits.abs() * rstd * v.abs() / v.shape[-1])
     u_terms = (ds_abs * rstd * v.abs()).reshape(-1, v.shape[-1]).sum(0)
     return values_terms, u_terms * w.abs(), u_terms * q.abs()
 
 
-def assert_grads_close(grads, ref_grads, values, query, weight, eps, grad_out):
+def assert_grads_close(grads, ref_grads, values, query, weight, eps, grad_out, grad_lse=None):
     """Each gradient within RTOL of the float64 one, plus 1e-5 (~100 fp32 ulps) of its term sizes,
     plus the storage format's resolution."""
     scale = grad_tolerance_scale(values.dtype)
     params = (values, query, weight)
     names = ("grad_values", "grad_query", "grad_norm_weight")
-    for name, grad, ref, terms, param in zip(names, grads, ref_grads, grad_term_sizes(*params, eps, grad_out), params):
+    term_sizes = grad_term_sizes(*params, eps, grad_out, grad_lse)
+    for name, grad, ref, terms, param in zip(names, grads, ref_grads, term_sizes, params):
         assert grad.dtype == param.dtype, f"{name}: dtype {grad.dtype} != {param.dtype}"
         assert grad.shape == ref.shape, f"{name}: shape {tuple(grad.shape)} != {tuple(ref.shape)}"
         dtype = values.dtype if param.dtype == torch.float32 else param.dtype
@@ -143,11 +158,11 @@ def build_inputs(case):
     return values, query, weight, eps, grad_out
 
 
-def check_case(case, path, onchip_bytes=None):
+def check_case(case, path, onchip_bytes=None, entry="wrapper"):
     values, query, weight, eps, grad_out = build_inputs(case)
     ref_out, ref_grads = reference_grads(values, query, weight, eps, grad_out)
     with execution_path(path, onchip_bytes):
-        out, grads = run_op(values, query, weight, eps, grad_out)
+        out, grads = run_op(values, query, weight, eps, grad_out, entry)
     assert out.dtype == values.dtype
     assert_close("out", out, ref_out, values.dtype)
     assert_grads_close(grads, ref_grads, values, query, weight, eps, grad_out)
@@ -157,6 +172,32 @@ def check_case(case, path, onchip_bytes=None):
 @given(case=attn_res_cases())
 def test_matches_einsum(path, case):
     check_case(case, path)
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+@given(case=attn_res_cases())
+def test_two_phase_backward_matches_einsum(path, case):
+    """torch.ops.fusedops.attn_res has no lse to save: its backward re-derives the softmax first."""
+    check_case(case, path, entry="ops.attn_res")
+
+
+@pytest.mark.parametrize("path", PATHS)
+@given(case=attn_res_cases(max_n=24), lse_scale=st.sampled_from([0.0, 1.0, 100.0]))
+def test_lse_matches_and_its_gradient_flows(path, case, lse_scale):
+    """return_lse gives logsumexp over depth of the logits; a loss on lse reaches every input."""
+    values, query, weight, eps, grad_out = build_inputs(case)
+    grad_lse = lse_scale * torch.randn(values.shape[1:-1], generator=torch.Generator().manual_seed(case[-1]))
+    ref_out, ref_grads = reference_grads(values, query, weight, eps, grad_out, grad_lse)
+    _, ref_lse = einsum_attn_res(values, query, weight, eps, return_lse=True)
+    leaves = [t.detach().clone().requires_grad_() if t is not None else None for t in (values, query, weight)]
+    with execution_path(path):
+        out, lse = fusedops.attn_res(*leaves, eps, return_lse=True)
+        torch.autograd.backward((out, lse), (grad_out, grad_lse))
+    assert lse.dtype == torch.float32 and lse.shape == values.shape[1:-1]
+    assert_close("lse", lse, ref_lse, torch.float32 if values.dtype == torch.float32 else values.dtype)
+    assert_close("out", out.detach(), ref_out, values.dtype)
+    grads = [t.grad for t in leaves if t is not None]
+    assert_grads_close(grads, ref_grads, values, query, weight, eps, grad_out, grad_lse)
 
 
 @pytest.mark.parametrize("path", KERNEL_PATHS)
@@ -239,12 +280,14 @@ def test_zero_query_is_uniform_average(path):
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("wanted", [(True, False, False), (False, True, True), (False, False, True)])
-def test_backward_computes_only_needed_grads(path, wanted):
+@pytest.mark.parametrize("one_pass", [False, True])
+def test_backward_computes_only_needed_grads(path, wanted, one_pass):
     gen = torch.Generator().manual_seed(1)
     values, query, weight = torch.randn(4, 3, 10, generator=gen), torch.randn(10, generator=gen), torch.rand(10)
     grad_out = torch.randn(3, 10, generator=gen)
     with execution_path(path):
-        grads = torch.ops.fusedops.attn_res_backward(grad_out, values, query, weight, 1e-6, *wanted)
+        saved = torch.ops.fusedops.attn_res_with_lse(values, query, weight, 1e-6) if one_pass else ()
+        grads = torch.ops.fusedops.attn_res_backward(grad_out, values, query, weight, 1e-6, *wanted, *saved)
     _, ref = reference_grads(values, query, weight, 1e-6, grad_out)
     for need, grad, ref_grad in zip(wanted, grads, ref):
         if need:
@@ -278,21 +321,24 @@ def test_strided_values_are_read_in_place(path, layout):
     assert values._base is not None and (layout == "bank" or not values.is_contiguous())
     query, grad_out = torch.randn(24, generator=gen), torch.randn(3, 4, 24, generator=gen)
     with execution_path(path), _CopyWatch(values.numel()) as watch:
-        torch.ops.fusedops.attn_res(values, query, None, 1e-6)
+        out, lse = torch.ops.fusedops.attn_res_with_lse(values, query, None, 1e-6)
         torch.ops.fusedops.attn_res_backward(grad_out, values, query, None, 1e-6, True, True, False)
+        torch.ops.fusedops.attn_res_backward(grad_out, values, query, None, 1e-6, True, True, False, out, lse)
     assert watch.copies == []
 
 
 @pytest.mark.parametrize("path", KERNEL_PATHS)
 @pytest.mark.parametrize("onchip_bytes", [None, TILED_BUDGET])
-def test_backward_is_bitwise_deterministic(path, onchip_bytes):
+@pytest.mark.parametrize("one_pass", [False, True])
+def test_backward_is_bitwise_deterministic(path, onchip_bytes, one_pass):
     gen = torch.Generator().manual_seed(3)
     values = torch.randn(7, 9, 40, generator=gen).to(torch.bfloat16)
     query, weight = torch.randn(40, generator=gen), torch.rand(40, generator=gen)
     grad_out = torch.randn(9, 40, generator=gen).to(torch.bfloat16)
     with execution_path(path, onchip_bytes):
+        saved = torch.ops.fusedops.attn_res_with_lse(values, query, weight, 1e-6) if one_pass else ()
         runs = [
-            torch.ops.fusedops.attn_res_backward(grad_out, values, query, weight, 1e-6, True, True, True)
+            torch.ops.fusedops.attn_res_backward(grad_out, values, query, weight, 1e-6, True, True, True, *saved)
             for _ in range(2)
         ]
     for a, b in zip(*runs):
@@ -316,12 +362,15 @@ def test_opcheck(path, requires_grad):
         for values, query, weight in opcheck_samples():
             leaves = [t.requires_grad_(requires_grad) if t is not None else None for t in (values, query, weight)]
             torch.library.opcheck(torch.ops.fusedops.attn_res.default, (*leaves, 1e-6))
+            torch.library.opcheck(torch.ops.fusedops.attn_res_with_lse.default, (*leaves, 1e-6))
             grad_out = torch.randn(values.shape[1:]).to(values.dtype)
-            torch.library.opcheck(
-                torch.ops.fusedops.attn_res_backward.default,
-                (grad_out, values.detach(), query.detach(), None if weight is None else weight.detach(), 1e-6,
-                 True, True, weight is not None),
-            )
+            plain = [t.detach() if t is not None else None for t in (values, query, weight)]
+            needs = (True, True, weight is not None)
+            torch.library.opcheck(torch.ops.fusedops.attn_res_backward.default, (grad_out, *plain, 1e-6, *needs))
+            out, lse = torch.ops.fusedops.attn_res_with_lse(*plain, 1e-6)
+            for grad_lse in (None, torch.randn(lse.shape)):
+                torch.library.opcheck(torch.ops.fusedops.attn_res_backward.default,
+                                      (grad_out, *plain, 1e-6, *needs, out, lse, grad_lse))
 
 
 class TinyDepthModel(torch.nn.Module):
@@ -386,6 +435,35 @@ def test_bad_input_names_argument(path, case):
         fusedops.attn_res(*args)
 
 
+def _backward_args():
+    values, query, weight = _good()
+    out, lse = torch.ops.fusedops.attn_res_with_lse(values, query, weight, 1e-6)
+    return dict(grad_out=torch.randn(2, 8), values=values, query=query, norm_weight=weight, eps=1e-6,
+                need_values=True, need_query=True, need_norm_weight=True, out=out, lse=lse, grad_lse=None)
+
+
+BAD_BACKWARD_INPUTS = {
+    "grad_out_shape": (dict(grad_out=torch.randn(3, 8)), "grad_out"),
+    "out_without_lse": (dict(lse=None), "lse"),
+    "out_shape": (dict(out=torch.randn(2, 7)), "out"),
+    "out_dtype": (dict(out=torch.randn(2, 8).double()), "out"),
+    "lse_shape": (dict(lse=torch.randn(3)), "lse"),
+    "lse_dtype": (dict(lse=torch.randn(2).half()), "lse"),
+    "grad_lse_shape": (dict(grad_lse=torch.randn(2, 1)), "grad_lse"),
+    "grad_lse_device": (dict(grad_lse=torch.randn(2, device="meta")), "grad_lse"),
+}
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("case", sorted(BAD_BACKWARD_INPUTS))
+def test_bad_backward_input_names_argument(path, case):
+    change, name = BAD_BACKWARD_INPUTS[case]
+    with execution_path(path):
+        args = _backward_args()
+        with pytest.raises(ValueError, match=name):
+            torch.ops.fusedops.attn_res_backward(**{**args, **change})
+
+
 def test_too_many_strided_batch_dims_is_a_clear_error():
     base = torch.randn(2, 3, 4, 5, 6, 8)
     values = base.permute(0, 4, 3, 2, 1, 5)[:, ::2, :, ::2]  # four batch dims no stride can merge
@@ -399,10 +477,19 @@ def test_module_validates_dim():
 
 
 def test_cuda_plan_fits_model_rows_on_chip():
-    """D = 4096 and 7168 run the single-pass forward on an H100-like target."""
+    """D = 4096 and 7168 run the single-pass forward on an H100-like target, and up to 8192 the one-pass
+    backward (at most 32 row elements per thread); D = 16384 falls back to the D-tiled two-phase one."""
+    from fusedops.attn_res.op import backward_plan
+
     target = cuda_target(interpreted=True)
     for dim in (4096, 7168):
         assert make_plan(target, 8192, dim, 2, backward=False).one_tile
+    for dim in (123, 4096, 7168, 8192):
+        plan = backward_plan(target, 8192, dim, 2, one_pass=True)
+        assert plan.one_pass and plan.one_tile and plan.block_t * plan.block_d <= 32 * 32 * plan.num_warps
+    plan = backward_plan(target, 8192, 16384, 2, one_pass=True)
+    assert not plan.one_pass and not plan.one_tile
+    assert not backward_plan(target, 8192, 4096, 2, one_pass=False).one_pass
 
 
 # ---- real kernels on a GPU ----

@@ -43,12 +43,13 @@ def _mix(acc, m, denom, x, logit):
 
 @triton.jit
 def attn_res_fwd_kernel(
-    v_ptr, q_ptr, w_ptr, out_ptr, logits_ptr,
+    v_ptr, q_ptr, w_ptr, out_ptr, lse_ptr, logits_ptr,
     N, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, eps,
     HAS_WEIGHT: tl.constexpr, ONE_TILE: tl.constexpr, UNROLL: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    """out[t] = sum_i softmax_i(rstd_i * <u, v_i[t]>) v_i[t].
+    """out[t] = sum_i softmax_i(rstd_i * <u, v_i[t]>) v_i[t], and lse[t] = logsumexp_i of the logits
+    (fp32, [T]), which lets the backward make one pass over values.
 
     ONE_TILE: the row fits on chip; one pass over values with an online softmax over depth.
     Otherwise: pass 1 walks D tiles to get the logits (kept in `logits_ptr`, [N, T] fp32), pass 2
@@ -84,6 +85,7 @@ def attn_res_fwd_kernel(
                 ptrs += UNROLL * STRIDE_N
             out = acc / denom[:, None]
             tl.store(out_ptr + t[:, None] * D + d[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
+            tl.store(lse_ptr + t, m + tl.log(denom), mask=t_mask)
         else:
             base = v_ptr + rows
             lptrs = logits_ptr + t
@@ -105,6 +107,7 @@ def attn_res_fwd_kernel(
                 m = m_new
                 base += STRIDE_N
                 lptrs += T
+            tl.store(lse_ptr + t, m + tl.log(denom), mask=t_mask)
             inv_denom = 1.0 / denom
             for d0 in range(0, D, BLOCK_D):
                 d = d0 + tl.arange(0, BLOCK_D)
@@ -144,12 +147,13 @@ def _grad_row(x, g, u, logit, rstd, gv, lse, g_out, D):
 
 @triton.jit
 def attn_res_bwd_kernel(
-    g_ptr, v_ptr, q_ptr, w_ptr, dv_ptr, partial_ptr, stats_ptr,
+    g_ptr, glse_ptr, v_ptr, q_ptr, w_ptr, dv_ptr, partial_ptr, stats_ptr,
     N, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, STAT_PLANE, DV_STEP, LAST_N, LAST_STAT, LAST_DV, eps,
-    HAS_WEIGHT: tl.constexpr, NEED_DV: tl.constexpr, NEED_DU: tl.constexpr, ONE_TILE: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, HAS_DLSE: tl.constexpr, NEED_DV: tl.constexpr, NEED_DU: tl.constexpr,
+    ONE_TILE: tl.constexpr,
     UNROLL: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    """Gradients of attn_res for a persistent program's token blocks.
+    """Gradients of attn_res for a persistent program's token blocks, without the forward's statistics.
 
     Phase 1 reads each v_i once and recomputes rstd_i, the logit s_i and gv_i = <g, v_i> (kept in
     `stats_ptr`, [3, N, T] fp32), with an online softmax giving <g, out> = sum_j alpha_j gv_j in fp32
@@ -159,6 +163,7 @@ def attn_res_bwd_kernel(
     adding ds_i rstd_i v_i into this program's row of `partial_ptr` ([programs, D] fp32).
     ONE_TILE: a row fits on chip, so grad_out and the query are loaded once per token block, and
     UNROLL == 2 keeps two source rows in flight. Otherwise both phases walk D tiles.
+    HAS_DLSE: glse_ptr holds the gradient of the forward's lse ([T] fp32).
     STAT_PLANE = N * T and DV_STEP = T * D are passed from the host so they cannot overflow int32;
     LAST_N, LAST_STAT, LAST_DV: offsets of depth N-1 in values, one stats plane, and grad_values.
     """
@@ -203,6 +208,8 @@ def attn_res_bwd_kernel(
                 ptrs += UNROLL * STRIDE_N
                 sptrs += UNROLL * T
             g_out = g_out / denom
+            if HAS_DLSE:  # d lse / d s_i = alpha_i: a gradient of lse shifts every ds_i by alpha_i * g_lse
+                g_out -= tl.load(glse_ptr + t, mask=t_mask, other=0.0)
             lse = m + tl.log(denom)
             du = tl.zeros([BLOCK_D], tl.float32)
             ptrs = v_ptr + LAST_N + rows[:, None] + d[None, :]
@@ -262,6 +269,8 @@ def attn_res_bwd_kernel(
                 base += STRIDE_N
                 sptrs += T
             g_out = g_out / denom
+            if HAS_DLSE:  # d lse / d s_i = alpha_i: a gradient of lse shifts every ds_i by alpha_i * g_lse
+                g_out -= tl.load(glse_ptr + t, mask=t_mask, other=0.0)
             lse = m + tl.log(denom)
             for d0 in range(0, D, BLOCK_D):
                 d = d0 + tl.arange(0, BLOCK_D)
@@ -289,6 +298,120 @@ def attn_res_bwd_kernel(
                 if NEED_DU:
                     pptrs = partial_ptr + pid * D + d
                     tl.store(pptrs, tl.load(pptrs, mask=d_mask, other=0.0) + du, mask=d_mask)
+
+
+# The one-pass backward defers rows whose weight alpha_i >= DEFER_ALPHA to the end of their token: at
+# most MAX_DEFERRED of them (the weights sum to one).
+DEFER_ALPHA = tl.constexpr(0.125)
+MAX_DEFERRED = tl.constexpr(8)
+
+
+@triton.jit
+def _one_pass_row(x, row_ok, i, g, u, lse, g_out, D, eps, count, slot_i, slot_s, slot_r, slot_gv, g_out_exact,
+                  DEFER: tl.constexpr):
+    """One source row of the one-pass backward: its gradient against the rounded <g, out>, its term of
+    the exact <g, out>, and, for a heavy row (alpha_i >= DEFER_ALPHA), its statistics kept in a free
+    slot instead (coef 0, `defer` True: the caller writes nothing for it)."""
+    logit, rstd = _row_logit(x, u, D, eps)
+    gv = tl.sum(x * g, axis=1)
+    dx, coef = _grad_row(x, g, u, logit, rstd, gv, lse, g_out, D)
+    alpha = tl.exp(tl.minimum(logit - lse, 0.0))
+    g_out_exact += tl.where(row_ok, alpha * gv, 0.0)
+    defer = row_ok & (alpha >= DEFER_ALPHA) & (count < MAX_DEFERRED) & DEFER
+    hit = (tl.arange(0, MAX_DEFERRED)[None, :] == count[:, None]) & defer[:, None]
+    slot_i = tl.where(hit, i, slot_i)
+    slot_s = tl.where(hit, logit[:, None], slot_s)
+    slot_r = tl.where(hit, rstd[:, None], slot_r)
+    slot_gv = tl.where(hit, gv[:, None], slot_gv)
+    count += defer.to(tl.int32)
+    return dx, tl.where(defer, 0.0, coef), defer, count, slot_i, slot_s, slot_r, slot_gv, g_out_exact
+
+
+@triton.jit
+def attn_res_bwd_onepass_kernel(
+    g_ptr, glse_ptr, out_ptr, lse_ptr, v_ptr, q_ptr, w_ptr, dv_ptr, partial_ptr,
+    N, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, DV_STEP, eps,
+    HAS_WEIGHT: tl.constexpr, HAS_DLSE: tl.constexpr, NEED_DV: tl.constexpr, NEED_DU: tl.constexpr,
+    DEFER: tl.constexpr, UNROLL: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """Gradients of attn_res in one pass over values, given the forward's out and lse.
+
+    sum_j alpha_j <g, v_j> = <g, out>, so with lse known each row's gradient
+      dv_i = alpha_i g + ds_i rstd_i (u - s_i rstd_i v_i / D),  ds_i = alpha_i (<g, v_i> - <g, out> + g_lse)
+    needs only that row: values are read once and grad_values written once. A whole row is on chip.
+    The stored out is rounded (bf16: 2^-9), and <g, v_i> - <g, out> cancels for a row that dominates
+    the softmax, so the rounding alone would cost such a row ~10% of its gradient. DEFER (out not fp32):
+    a row with alpha_i >= 1/8 is not written in the pass; its statistics wait in registers until the
+    pass has summed the exact <g, out> = sum_j alpha_j <g, v_j> in fp32, then it is re-read (it was
+    just read, from L2) and written once. The rows written early carry alpha_i < 1/8 of the rounding.
+    Each persistent program sums ds_i rstd_i v_i over its tokens in registers and writes its row of
+    `partial_ptr` ([programs, D] fp32) once at the end, zeros if it had no token.
+    """
+    eps = tl.cast(eps, tl.float32)  # Inductor passes Python floats as fp64
+    pid = tl.program_id(0)
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < D
+    u = _folded_query(q_ptr, w_ptr, d, d_mask, HAS_WEIGHT)
+    du = tl.zeros([BLOCK_D], tl.float32)
+    for block in range(pid, tl.cdiv(T, BLOCK_T), tl.num_programs(0)):
+        t = block * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)
+        t_mask = t < T
+        mask = t_mask[:, None] & d_mask[None, :]
+        io = t[:, None] * D + d[None, :]
+        rows = v_ptr + _token_rows(t, S1, S2, ST0, ST1, ST2)[:, None] + d[None, :]
+        g = tl.load(g_ptr + io, mask=mask, other=0.0).to(tl.float32)
+        g_out = tl.sum(g * tl.load(out_ptr + io, mask=mask, other=0.0).to(tl.float32), axis=1)
+        g_lse = tl.zeros([BLOCK_T], tl.float32)
+        if HAS_DLSE:
+            g_lse = tl.load(glse_ptr + t, mask=t_mask, other=0.0)
+        g_out -= g_lse
+        lse = tl.load(lse_ptr + t, mask=t_mask, other=0.0)
+        g_out_exact = tl.zeros([BLOCK_T], tl.float32)
+        count = tl.zeros([BLOCK_T], tl.int32)
+        slot_i = tl.zeros([BLOCK_T, MAX_DEFERRED], tl.int32)
+        slot_s = tl.zeros([BLOCK_T, MAX_DEFERRED], tl.float32)
+        slot_r = tl.zeros([BLOCK_T, MAX_DEFERRED], tl.float32)
+        slot_gv = tl.zeros([BLOCK_T, MAX_DEFERRED], tl.float32)
+        ptrs = rows
+        dptrs = dv_ptr + io
+        # UNROLL == 2 keeps two independent rows in flight: the loop is latency-bound otherwise.
+        for i in range(0, N, UNROLL):
+            x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+            if UNROLL == 2:
+                has_next = i + 1 < N
+                x_next = tl.load(ptrs + STRIDE_N, mask=mask & has_next, other=0.0).to(tl.float32)
+            dx, coef, defer, count, slot_i, slot_s, slot_r, slot_gv, g_out_exact = _one_pass_row(
+                x, t_mask, i, g, u, lse, g_out, D, eps, count, slot_i, slot_s, slot_r, slot_gv, g_out_exact, DEFER)
+            if NEED_DV:
+                tl.store(dptrs, dx.to(dv_ptr.dtype.element_ty), mask=mask & ~defer[:, None])
+            if NEED_DU:
+                du += tl.sum(coef[:, None] * x, axis=0)
+            if UNROLL == 2:
+                dx, coef, defer, count, slot_i, slot_s, slot_r, slot_gv, g_out_exact = _one_pass_row(
+                    x_next, t_mask & has_next, i + 1, g, u, lse, g_out, D, eps, count, slot_i, slot_s, slot_r,
+                    slot_gv, g_out_exact, DEFER)
+                if NEED_DV:
+                    tl.store(dptrs + DV_STEP, dx.to(dv_ptr.dtype.element_ty), mask=mask & has_next & ~defer[:, None])
+                if NEED_DU:
+                    du += tl.sum(coef[:, None] * x_next, axis=0)  # x_next is 0 where masked
+            ptrs += UNROLL * STRIDE_N
+            dptrs += UNROLL * DV_STEP
+        if DEFER:
+            g_out_exact -= g_lse
+            for k in range(0, tl.max(count, axis=0)):
+                sel = tl.arange(0, MAX_DEFERRED)[None, :] == k
+                j = tl.sum(tl.where(sel, slot_i, 0), axis=1).to(tl.int64)
+                ok = mask & (k < count)[:, None]
+                x = tl.load(rows + j[:, None] * STRIDE_N, mask=ok, other=0.0).to(tl.float32)
+                dx, coef = _grad_row(x, g, u, tl.sum(tl.where(sel, slot_s, 0.0), axis=1),
+                                     tl.sum(tl.where(sel, slot_r, 0.0), axis=1),
+                                     tl.sum(tl.where(sel, slot_gv, 0.0), axis=1), lse, g_out_exact, D)
+                if NEED_DV:
+                    tl.store(dv_ptr + io + j[:, None] * DV_STEP, dx.to(dv_ptr.dtype.element_ty), mask=ok)
+                if NEED_DU:
+                    du += tl.sum(coef[:, None] * x, axis=0)  # x is 0 where no row waits
+    if NEED_DU:
+        tl.store(partial_ptr + pid * D + d, du, mask=d_mask)
 
 
 @triton.jit

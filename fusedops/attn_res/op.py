@@ -20,7 +20,7 @@ from fusedops.validation import (
 )
 
 from . import reference
-from .kernels import attn_res_bwd_kernel, attn_res_fwd_kernel, attn_res_param_grad_kernel
+from .kernels import attn_res_bwd_kernel, attn_res_bwd_onepass_kernel, attn_res_fwd_kernel, attn_res_param_grad_kernel
 from .plan import Plan, make_plan, reduce_plan
 
 
@@ -57,28 +57,41 @@ def _walk(values: Tensor) -> tuple[int, int, int, int, int]:
 
 def _forward(
     values: Tensor, query: Tensor, norm_weight: Optional[Tensor], eps: float, target: Target, plan: Optional[Plan] = None
-) -> Tensor:
+) -> tuple[Tensor, Tensor]:
     n, dim = values.shape[0], values.shape[-1]
     out = values.new_empty(values.shape[1:])
+    lse = values.new_empty(values.shape[1:-1], dtype=torch.float32)
     tokens = out.numel() // dim
     if tokens == 0:
-        return out
+        return out, lse
     s1, s2, st0, st1, st2 = _walk(values)
     plan = plan or make_plan(target, tokens, dim, values.element_size(), backward=False)
     logits = out if plan.one_tile else values.new_empty((n, tokens), dtype=torch.float32)
     launch(
         attn_res_fwd_kernel, (plan.grid,),
-        (values, query, query if norm_weight is None else norm_weight, out, logits),
+        (values, query, query if norm_weight is None else norm_weight, out, lse, logits),
         (n, tokens, dim, s1, s2, st0, st1, st2, values.stride(0), eps),
         dict(HAS_WEIGHT=norm_weight is not None, ONE_TILE=plan.one_tile, UNROLL=plan.unroll,
              BLOCK_T=plan.block_t, BLOCK_D=plan.block_d, num_warps=plan.num_warps, num_stages=plan.num_stages),
     )
-    return out
+    return out, lse
+
+
+def backward_plan(target: Target, tokens: int, dim: int, elem_size: int, one_pass: bool) -> Plan:
+    """The one-pass plan when the forward's out and lse are at hand and a whole row fits on chip;
+    otherwise the two-phase plan."""
+    if one_pass:
+        plan = make_plan(target, tokens, dim, elem_size, backward=True, one_pass=True)
+        if plan.one_tile:
+            return plan
+    return make_plan(target, tokens, dim, elem_size, backward=True)
 
 
 def _backward(
     grad_out: Tensor, values: Tensor, query: Tensor, norm_weight: Optional[Tensor], eps: float,
-    need_values: bool, need_query: bool, need_norm_weight: bool, target: Target, plan: Optional[Plan] = None,
+    need_values: bool, need_query: bool, need_norm_weight: bool, target: Target,
+    out: Optional[Tensor] = None, lse: Optional[Tensor] = None, grad_lse: Optional[Tensor] = None,
+    plan: Optional[Plan] = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     n, dim = values.shape[0], values.shape[-1]
     tokens = grad_out.numel() // dim
@@ -88,24 +101,38 @@ def _backward(
     grad_weight = torch.empty_like(norm_weight) if need_norm_weight else query.new_empty(0)
     if not (need_values or need_du):
         return grad_values, grad_query, grad_weight
-    plan = plan or make_plan(target, tokens, dim, values.element_size(), backward=True)
+    plan = plan or backward_plan(target, tokens, dim, values.element_size(), out is not None and lse is not None)
+    one_pass = plan.one_pass and plan.one_tile and out is not None and lse is not None
     # One fp32 row of query/weight-gradient partial sums per program; not even allocated when only
-    # grad_values is wanted (frozen mixing parameters).
-    partial = values.new_zeros((plan.grid if tokens else 1, dim) if need_du else (1,), dtype=torch.float32)
+    # grad_values is wanted (frozen mixing parameters). The one-pass kernel writes every row once;
+    # the two-phase kernel adds to its row per token block, so it starts from zeros.
+    rows = (plan.grid if tokens else 1, dim) if need_du else (1,)
+    partial = values.new_empty(rows, dtype=torch.float32) if one_pass and tokens else values.new_zeros(rows, dtype=torch.float32)
     if tokens:
         grad_out = grad_out.contiguous()
         s1, s2, st0, st1, st2 = _walk(values)
-        stats = values.new_empty((3, n, tokens), dtype=torch.float32)
         weight = query if norm_weight is None else norm_weight
-        launch(
-            attn_res_bwd_kernel, (plan.grid,),
-            (grad_out, values, query, weight, grad_values if need_values else grad_out, partial, stats),
-            (n, tokens, dim, s1, s2, st0, st1, st2, values.stride(0), n * tokens, tokens * dim,
-             (n - 1) * values.stride(0), (n - 1) * tokens, (n - 1) * tokens * dim, eps),
-            dict(HAS_WEIGHT=norm_weight is not None, NEED_DV=need_values, NEED_DU=need_du, ONE_TILE=plan.one_tile,
-                 UNROLL=plan.unroll, BLOCK_T=plan.block_t, BLOCK_D=plan.block_d,
-                 num_warps=plan.num_warps, num_stages=plan.num_stages),
-        )
+        dv = grad_values if need_values else grad_out
+        glse = grad_out if grad_lse is None else grad_lse.contiguous()
+        flags = dict(HAS_WEIGHT=norm_weight is not None, HAS_DLSE=grad_lse is not None, NEED_DV=need_values,
+                     NEED_DU=need_du, UNROLL=plan.unroll, BLOCK_T=plan.block_t, BLOCK_D=plan.block_d,
+                     num_warps=plan.num_warps, num_stages=plan.num_stages)
+        if one_pass:
+            launch(
+                attn_res_bwd_onepass_kernel, (plan.grid,),
+                (grad_out, glse, out.contiguous(), lse.contiguous(), values, query, weight, dv, partial),
+                (n, tokens, dim, s1, s2, st0, st1, st2, values.stride(0), tokens * dim, eps),
+                dict(flags, DEFER=out.dtype != torch.float32),
+            )
+        else:
+            stats = values.new_empty((3, n, tokens), dtype=torch.float32)
+            launch(
+                attn_res_bwd_kernel, (plan.grid,),
+                (grad_out, glse, values, query, weight, dv, partial, stats),
+                (n, tokens, dim, s1, s2, st0, st1, st2, values.stride(0), n * tokens, tokens * dim,
+                 (n - 1) * values.stride(0), (n - 1) * tokens, (n - 1) * tokens * dim, eps),
+                dict(flags, ONE_TILE=plan.one_tile),
+            )
     if need_du:
         block_d, block_p, grid = reduce_plan(target, dim, partial.shape[0])
         launch(
@@ -119,31 +146,58 @@ def _backward(
     return grad_values, grad_query, grad_weight
 
 
-def _run(values: Tensor, query: Tensor, norm_weight: Optional[Tensor], eps: float) -> Tensor:
-    """The op on checked arguments: kernels under the device's plan, or the reference."""
+def _run(values: Tensor, query: Tensor, norm_weight: Optional[Tensor], eps: float) -> tuple[Tensor, Tensor]:
+    """(out, lse) on checked arguments: kernels under the device's plan, or the reference."""
     target = target_for(values.device)
     if target is None:
         return reference.attn_res(values, query, norm_weight, eps)
     return _forward(values, query, norm_weight, eps, target)
 
 
-def _run_backward(grad_out, values, query, norm_weight, eps, need_values, need_query, need_norm_weight):
+def _run_backward(grad_out, values, query, norm_weight, eps, need_values, need_query, need_norm_weight,
+                  out=None, lse=None, grad_lse=None):
     target = target_for(values.device)
     if target is None:
         grads = reference.attn_res_backward(
-            grad_out, values, query, norm_weight, eps, need_values, need_query, need_norm_weight
+            grad_out, values, query, norm_weight, eps, need_values, need_query, need_norm_weight, grad_lse
         )
         return tuple(g if g is not None else values.new_empty(0) for g in grads)
     return _backward(
-        grad_out, values, query, norm_weight, eps, need_values, need_query, need_norm_weight, target
+        grad_out, values, query, norm_weight, eps, need_values, need_query, need_norm_weight, target, out, lse, grad_lse
     )
 
 
 @fused_op("attn_res")
 def attn_res_op(values: Tensor, query: Tensor, norm_weight: Optional[Tensor], eps: float) -> Tensor:
-    """AttnRes depth mixing. See `fusedops.attn_res` for shapes, dtypes and semantics."""
+    """AttnRes depth mixing, out only. See `fusedops.attn_res` for shapes, dtypes and semantics.
+    Without the forward's lse its backward re-derives the softmax in a first pass over values;
+    `fusedops::attn_res_with_lse` (what `fusedops.attn_res` calls) saves lse and reads values once."""
+    check_args(values, query, norm_weight, eps)
+    return _run(values, query, norm_weight, eps)[0]
+
+
+@fused_op("attn_res_with_lse")
+def attn_res_with_lse_op(values: Tensor, query: Tensor, norm_weight: Optional[Tensor], eps: float) -> tuple[Tensor, Tensor]:
+    """(out, lse): out as `fusedops::attn_res`, lse [*batch] fp32 the logsumexp over depth of the
+    logits (differentiable). Its backward makes one pass over values (out and lse are saved)."""
     check_args(values, query, norm_weight, eps)
     return _run(values, query, norm_weight, eps)
+
+
+def check_backward_args(values: Tensor, grad_out: Tensor, out: Optional[Tensor], lse: Optional[Tensor],
+                        grad_lse: Optional[Tensor]) -> None:
+    batch = tuple(values.shape[1:-1])
+    if tuple(grad_out.shape) != tuple(values.shape[1:]):
+        raise ValueError(f"grad_out must have shape {tuple(values.shape[1:])}, got {tuple(grad_out.shape)}")
+    if (out is None) != (lse is None):
+        raise ValueError("out and lse come together (both from attn_res_with_lse) or not at all")
+    if out is not None and (tuple(out.shape) != tuple(values.shape[1:]) or out.dtype != values.dtype):
+        raise ValueError(f"out must be {values.dtype} of shape {tuple(values.shape[1:])}, got {out.dtype} "
+                         f"{tuple(out.shape)}")
+    for name, t in (("lse", lse), ("grad_lse", grad_lse)):
+        if t is not None and (tuple(t.shape) != batch or t.dtype != torch.float32):
+            raise ValueError(f"{name} must be float32 of shape {batch}, got {t.dtype} {tuple(t.shape)}")
+    check_same_device([("values", values), ("grad_out", grad_out), ("out", out), ("lse", lse), ("grad_lse", grad_lse)])
 
 
 @fused_op("attn_res_backward")
@@ -156,15 +210,20 @@ def attn_res_backward_op(
     need_values: bool,
     need_query: bool,
     need_norm_weight: bool,
+    out: Optional[Tensor] = None,
+    lse: Optional[Tensor] = None,
+    grad_lse: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients of attn_res w.r.t. (values, query, norm_weight). A gradient that is not asked for
     (or norm_weight's when it is None) comes back as an empty tensor and is never computed.
+    out and lse (the forward's, from attn_res_with_lse) let the kernels make one pass over values,
+    using sum_j alpha_j <g, v_j> = <g, out>; grad_lse is the gradient of lse, if any.
     Deterministic: per-program partial sums reduced in a fixed order, no atomics."""
     check_args(values, query, norm_weight, eps)
+    check_backward_args(values, grad_out, out, lse, grad_lse)
     need_norm_weight = need_norm_weight and norm_weight is not None
-    if grad_out.shape != values.shape[1:]:
-        raise ValueError(f"grad_out must have shape {tuple(values.shape[1:])}, got {tuple(grad_out.shape)}")
-    return _run_backward(grad_out, values, query, norm_weight, eps, need_values, need_query, need_norm_weight)
+    return _run_backward(grad_out, values, query, norm_weight, eps, need_values, need_query, need_norm_weight,
+                         out, lse, grad_lse)
 
 
 @attn_res_op.register_fake
@@ -173,9 +232,17 @@ def _(values, query, norm_weight, eps):
     return values.new_empty(values.shape[1:])
 
 
-@attn_res_backward_op.register_fake
-def _(grad_out, values, query, norm_weight, eps, need_values, need_query, need_norm_weight):
+@attn_res_with_lse_op.register_fake
+def _(values, query, norm_weight, eps):
     check_args(values, query, norm_weight, eps)
+    return values.new_empty(values.shape[1:]), values.new_empty(values.shape[1:-1], dtype=torch.float32)
+
+
+@attn_res_backward_op.register_fake
+def _(grad_out, values, query, norm_weight, eps, need_values, need_query, need_norm_weight, out=None, lse=None,
+      grad_lse=None):
+    check_args(values, query, norm_weight, eps)
+    check_backward_args(values, grad_out, out, lse, grad_lse)
     need_norm_weight = need_norm_weight and norm_weight is not None
     return (
         torch.empty_like(values, memory_format=torch.contiguous_format) if need_values else values.new_empty(0),
@@ -190,31 +257,45 @@ def _setup_context(ctx, inputs, output):
     ctx.eps = eps
 
 
-def _backward_rule(ctx, grad_out):
-    values, query, norm_weight = ctx.saved_tensors
+def _setup_context_with_lse(ctx, inputs, output):
+    values, query, norm_weight, eps = inputs
+    out, lse = output
+    ctx.set_materialize_grads(False)  # an unused lse gets no zero-filled gradient
+    ctx.save_for_backward(values, query, norm_weight, out, lse)
+    ctx.eps = eps
+
+
+def _gradients(ctx, grad_out, values, query, norm_weight, out=None, lse=None, grad_lse=None):
+    """The backward op's result as autograd wants it: None for the inputs that need no gradient."""
     need_values, need_query, need_weight = ctx.needs_input_grad[:3]
-    if backward_direct_ok(grad_out, values, query, norm_weight):
-        grad_values, grad_query, grad_weight = call_direct(
-            _run_backward, grad_out, values, query, norm_weight, ctx.eps, need_values, need_query,
-            need_weight and norm_weight is not None,
-        )
+    need_weight = need_weight and norm_weight is not None
+    args = (grad_out, values, query, norm_weight, ctx.eps, need_values, need_query, need_weight, out, lse, grad_lse)
+    if backward_direct_ok(*args[:4], out, lse, grad_lse):
+        grads = call_direct(_run_backward, *args)
     else:
-        grad_values, grad_query, grad_weight = torch.ops.fusedops.attn_res_backward(
-            grad_out, values, query, norm_weight, ctx.eps, need_values, need_query, need_weight
-        )
-    return (
-        grad_values if need_values else None,
-        grad_query if need_query else None,
-        grad_weight if need_weight and norm_weight is not None else None,
-        None,
-    )
+        grads = torch.ops.fusedops.attn_res_backward(*args)
+    return tuple(g if need else None for g, need in zip(grads, (need_values, need_query, need_weight))) + (None,)
+
+
+def _backward_rule(ctx, grad_out):
+    return _gradients(ctx, grad_out, *ctx.saved_tensors)
+
+
+def _backward_rule_with_lse(ctx, grad_out, grad_lse):
+    values, query, norm_weight, out, lse = ctx.saved_tensors
+    if grad_out is None:
+        grad_out = torch.zeros_like(out)
+    return _gradients(ctx, grad_out, values, query, norm_weight, out, lse, grad_lse)
 
 
 attn_res_op.register_autograd(_backward_rule, setup_context=_setup_context)
-_Direct = direct_autograd("AttnRes", _run, _setup_context, _backward_rule)
+attn_res_with_lse_op.register_autograd(_backward_rule_with_lse, setup_context=_setup_context_with_lse)
+_Direct = direct_autograd("AttnRes", _run, _setup_context_with_lse, _backward_rule_with_lse)
 
 
-def attn_res(values: Tensor, query: Tensor, norm_weight: Optional[Tensor] = None, eps: float = 1e-6) -> Tensor:
+def attn_res(
+    values: Tensor, query: Tensor, norm_weight: Optional[Tensor] = None, eps: float = 1e-6, return_lse: bool = False
+):
     """Attention Residuals (Kimi AttnRes): a softmax over depth mixes N sources per token.
 
     Args:
@@ -224,18 +305,24 @@ def attn_res(values: Tensor, query: Tensor, norm_weight: Optional[Tensor] = None
         query: [D], the learned pseudo-query (any float dtype, e.g. fp32 with bf16 values).
         norm_weight: [D] RMSNorm gain applied to the keys; None means ones.
         eps: RMSNorm epsilon, positive and finite.
+        return_lse: also return lse [*batch] float32, the logsumexp over depth of the logits
+            (differentiable).
 
     Returns:
-        [*batch, D] in values' dtype:
+        out, or (out, lse) with return_lse. out is [*batch, D] in values' dtype:
         ``out = sum_i softmax_i(<query, rmsnorm(values[i]) * norm_weight>) * values[i]``
         with ``rmsnorm(v) = v / sqrt(mean(v * v) + eps)``; the softmax runs over the N axis and the
         values enter the sum un-normalised. All reductions accumulate in fp32.
 
-    Differentiable in values, query and norm_weight; the backward is the op
-    ``fusedops::attn_res_backward`` (deterministic, O(tokens x N) fp32 scratch, no copy of values).
+    Runs the op ``fusedops::attn_res_with_lse``, which saves out and lse (O(tokens) fp32) for a backward
+    that reads values once: sum_j alpha_j <g, v_j> = <g, out>. Differentiable in values, query and
+    norm_weight; the backward is the op ``fusedops::attn_res_backward`` (deterministic, no copy of
+    values). As with any op that saves its output, modifying out in place before backward is an error.
     Raises ValueError naming the argument on bad input.
     """
     check_args(values, query, norm_weight, eps)
     if direct_call_ok(values, query, norm_weight):
-        return _Direct.apply(values, query, norm_weight, eps)
-    return torch.ops.fusedops.attn_res(values, query, norm_weight, eps)
+        out, lse = _Direct.apply(values, query, norm_weight, eps)
+    else:
+        out, lse = torch.ops.fusedops.attn_res_with_lse(values, query, norm_weight, eps)
+    return (out, lse) if return_lse else out

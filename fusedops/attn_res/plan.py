@@ -20,6 +20,15 @@ CUDA_BACKWARD_TILE_ELEMENTS = 4096
 CUDA_BACKWARD_TILED_ELEMENTS = 8192
 CUDA_NUM_WARPS = 4
 BACKWARD_PROGRAMS_PER_CORE = 2
+# The one-pass backward (the forward's out and lse known) keeps grad_out, the query, two source rows,
+# the gradient row and the query-gradient accumulator. Nothing is re-read, so nothing needs L2 and
+# more programs per SM hide more latency; a thread holds at most 32 elements of a row (D = 8192 on
+# 8 warps), past which registers would spill.
+ONEPASS_BYTES_PER_ELEMENT = 24
+CUDA_ONEPASS_TILE_ELEMENTS = 4096
+CUDA_ONEPASS_PROGRAMS_PER_CORE = 4
+CUDA_ELEMENTS_PER_THREAD = 32
+CUDA_MAX_WARPS = 8
 
 
 def next_pow2(n: int) -> int:
@@ -39,10 +48,16 @@ class Plan:
     num_warps: int
     unroll: int = 1  # source rows loaded per depth step (2: two independent loads in flight)
     num_stages: int = 1
+    one_pass: bool = False  # a plan of the one-pass backward kernel
 
 
-def make_plan(target: Target, tokens: int, dim: int, elem_size: int, *, backward: bool) -> Plan:
-    per_element = BACKWARD_BYTES_PER_ELEMENT if backward else FORWARD_BYTES_PER_ELEMENT
+def make_plan(target: Target, tokens: int, dim: int, elem_size: int, *, backward: bool, one_pass: bool = False) -> Plan:
+    """one_pass: the plan of attn_res_bwd_onepass_kernel, which only runs when `one_tile` comes out True
+    (a whole row on chip); otherwise of the two-phase attn_res_bwd_kernel or of the forward."""
+    if one_pass:
+        per_element = ONEPASS_BYTES_PER_ELEMENT
+    else:
+        per_element = BACKWARD_BYTES_PER_ELEMENT if backward else FORWARD_BYTES_PER_ELEMENT
     budget = target.onchip_bytes // per_element
     min_row = max(1, target.row_align // elem_size)
     if budget < min_row:
@@ -56,7 +71,9 @@ def make_plan(target: Target, tokens: int, dim: int, elem_size: int, *, backward
     if target.interpreted or target.vendor != "cuda":
         wanted = largest  # the interpreter and Ascend prefer few, large tiles
     else:
-        if not backward:
+        if one_pass:
+            wanted = CUDA_ONEPASS_TILE_ELEMENTS
+        elif not backward:
             wanted = CUDA_FORWARD_TILE_ELEMENTS
         else:
             wanted = CUDA_BACKWARD_TILE_ELEMENTS if one_tile else CUDA_BACKWARD_TILED_ELEMENTS
@@ -70,16 +87,21 @@ def make_plan(target: Target, tokens: int, dim: int, elem_size: int, *, backward
     blocks = -(-tokens // block_t)
     # The backward is always persistent: each program owns one row of fp32 partial sums for the
     # query/weight gradient, reduced in a fixed order afterwards (deterministic, no atomics).
-    persistent = True if backward else None
+    persistent = True if backward or one_pass else None
     grid = target.grid_size(blocks, persistent=persistent)
-    if backward:
-        grid = min(grid, target.vector_cores * BACKWARD_PROGRAMS_PER_CORE)
     num_warps = CUDA_NUM_WARPS
+    if one_pass and target.vendor == "cuda":
+        grid = min(blocks, target.vector_cores * CUDA_ONEPASS_PROGRAMS_PER_CORE)
+        per_warp = 32 * CUDA_ELEMENTS_PER_THREAD
+        num_warps = min(CUDA_MAX_WARPS, max(CUDA_NUM_WARPS, block_t * block_d // per_warp))
+    elif backward:
+        grid = min(grid, target.vector_cores * BACKWARD_PROGRAMS_PER_CORE)
     # Two rows in flight per depth step was measured on the H100 only. The Ascend plan loads one: its
     # odd-N tail relies on masks that triton-ascend 3.2's interpreter drops when a mask is one
     # element and False (`if not mask` in its store/load), which BLOCK_T == 1 tiles hit.
     unroll = 2 if one_tile and target.vendor == "cuda" else 1
-    return Plan(block_t=block_t, block_d=block_d, one_tile=one_tile, grid=grid, num_warps=num_warps, unroll=unroll)
+    return Plan(block_t=block_t, block_d=block_d, one_tile=one_tile, grid=grid, num_warps=num_warps, unroll=unroll,
+                one_pass=one_pass)
 
 
 def reduce_plan(target: Target, dim: int, programs: int) -> tuple[int, int, int]:

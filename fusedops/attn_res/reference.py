@@ -29,11 +29,12 @@ def _logits(v: Tensor, u: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     return (v * u).sum(-1, keepdim=True) * rstd, rstd
 
 
-def attn_res(values: Tensor, query: Tensor, norm_weight: Optional[Tensor], eps: float) -> Tensor:
+def attn_res(values: Tensor, query: Tensor, norm_weight: Optional[Tensor], eps: float) -> tuple[Tensor, Tensor]:
+    """(out [*batch, D] in values' dtype, lse [*batch] fp32: logsumexp over depth of the logits)."""
     v = values.float()
     logits, _ = _logits(v, _folded_query(query, norm_weight), eps)
     alpha = torch.softmax(logits, dim=0)
-    return (alpha * v).sum(0).to(values.dtype)
+    return (alpha * v).sum(0).to(values.dtype), torch.logsumexp(logits, dim=0).squeeze(-1)
 
 
 def attn_res_backward(
@@ -45,11 +46,12 @@ def attn_res_backward(
     need_values: bool,
     need_query: bool,
     need_norm_weight: bool,
+    grad_lse: Optional[Tensor] = None,
 ) -> tuple[Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
-    """Gradients in closed form (no autograd), written the way the kernel computes them.
+    """Gradients in closed form (no autograd), written the way the kernels compute them.
 
-    With g = grad_out and s_i the logits:
-      dL/ds_i = alpha_i * (dot(g, v_i) - sum_j alpha_j dot(g, v_j))
+    With g = grad_out, s_i the logits and g_lse the gradient of lse (zero when None):
+      dL/ds_i = alpha_i * (dot(g, v_i) - sum_j alpha_j dot(g, v_j) + g_lse)
       dL/dv_i = alpha_i g + dL/ds_i * rstd_i * (u - s_i * rstd_i * v_i / D)
       dL/du   = sum over tokens and i of dL/ds_i * rstd_i * v_i,  u = query * norm_weight
     """
@@ -60,6 +62,8 @@ def attn_res_backward(
     alpha = torch.softmax(logits, dim=0)
     g_dot_v = (g * v).sum(-1, keepdim=True)
     d_logits = alpha * (g_dot_v - (alpha * g_dot_v).sum(0, keepdim=True))
+    if grad_lse is not None:
+        d_logits = d_logits + alpha * grad_lse.float().unsqueeze(-1)
     grad_values = grad_query = grad_weight = None
     if need_values:
         D = v.shape[-1]
