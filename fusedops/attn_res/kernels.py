@@ -311,7 +311,8 @@ def _one_pass_row(x, row_ok, i, g, u, lse, g_out, D, eps, count, slot_i, slot_s,
                   DEFER: tl.constexpr):
     """One source row of the one-pass backward: its gradient against the rounded <g, out>, its term of
     the exact <g, out>, and, for a heavy row (alpha_i >= DEFER_ALPHA), its statistics kept in a free
-    slot instead (coef 0, `defer` True: the caller writes nothing for it)."""
+    slot instead (coef 0, `defer` True: the caller writes nothing for it). `early` = alpha_i rstd_i for
+    a row written now (0 otherwise): the query gradient adds (<g, out>~ - <g, out>) early_i v_i later."""
     logit, rstd = _row_logit(x, u, D, eps)
     gv = tl.sum(x * g, axis=1)
     dx, coef = _grad_row(x, g, u, logit, rstd, gv, lse, g_out, D)
@@ -324,7 +325,8 @@ def _one_pass_row(x, row_ok, i, g, u, lse, g_out, D, eps, count, slot_i, slot_s,
     slot_r = tl.where(hit, rstd[:, None], slot_r)
     slot_gv = tl.where(hit, gv[:, None], slot_gv)
     count += defer.to(tl.int32)
-    return dx, tl.where(defer, 0.0, coef), defer, count, slot_i, slot_s, slot_r, slot_gv, g_out_exact
+    early = tl.where(row_ok & ~defer, alpha * rstd, 0.0)
+    return dx, tl.where(defer, 0.0, coef), defer, early, count, slot_i, slot_s, slot_r, slot_gv, g_out_exact
 
 
 @triton.jit
@@ -343,7 +345,10 @@ def attn_res_bwd_onepass_kernel(
     the softmax, so the rounding alone would cost such a row ~10% of its gradient. DEFER (out not fp32):
     a row with alpha_i >= 1/8 is not written in the pass; its statistics wait in registers until the
     pass has summed the exact <g, out> = sum_j alpha_j <g, v_j> in fp32, then it is re-read (it was
-    just read, from L2) and written once. The rows written early carry alpha_i < 1/8 of the rounding.
+    just read, from L2) and written once. The rows written early carry alpha_i < 1/8 of the rounding in
+    grad_values; the query gradient gets none of it: their summed alpha_i rstd_i v_i ([BLOCK_T, BLOCK_D]
+    fp32) is scaled by the error of the rounded <g, out> once it is known. Without that, the softmax
+    gradients would no longer sum to zero and a query gradient that cancels would lose all precision.
     Each persistent program sums ds_i rstd_i v_i over its tokens in registers and writes its row of
     `partial_ptr` ([programs, D] fp32) once at the end, zeros if it had no token.
     """
@@ -372,6 +377,7 @@ def attn_res_bwd_onepass_kernel(
         slot_s = tl.zeros([BLOCK_T, MAX_DEFERRED], tl.float32)
         slot_r = tl.zeros([BLOCK_T, MAX_DEFERRED], tl.float32)
         slot_gv = tl.zeros([BLOCK_T, MAX_DEFERRED], tl.float32)
+        early_sum = tl.zeros([BLOCK_T, BLOCK_D], tl.float32)
         ptrs = rows
         dptrs = dv_ptr + io
         # UNROLL == 2 keeps two independent rows in flight: the loop is latency-bound otherwise.
@@ -380,24 +386,30 @@ def attn_res_bwd_onepass_kernel(
             if UNROLL == 2:
                 has_next = i + 1 < N
                 x_next = tl.load(ptrs + STRIDE_N, mask=mask & has_next, other=0.0).to(tl.float32)
-            dx, coef, defer, count, slot_i, slot_s, slot_r, slot_gv, g_out_exact = _one_pass_row(
+            dx, coef, defer, early, count, slot_i, slot_s, slot_r, slot_gv, g_out_exact = _one_pass_row(
                 x, t_mask, i, g, u, lse, g_out, D, eps, count, slot_i, slot_s, slot_r, slot_gv, g_out_exact, DEFER)
             if NEED_DV:
                 tl.store(dptrs, dx.to(dv_ptr.dtype.element_ty), mask=mask & ~defer[:, None])
             if NEED_DU:
                 du += tl.sum(coef[:, None] * x, axis=0)
+                if DEFER:
+                    early_sum += early[:, None] * x
             if UNROLL == 2:
-                dx, coef, defer, count, slot_i, slot_s, slot_r, slot_gv, g_out_exact = _one_pass_row(
+                dx, coef, defer, early, count, slot_i, slot_s, slot_r, slot_gv, g_out_exact = _one_pass_row(
                     x_next, t_mask & has_next, i + 1, g, u, lse, g_out, D, eps, count, slot_i, slot_s, slot_r,
                     slot_gv, g_out_exact, DEFER)
                 if NEED_DV:
                     tl.store(dptrs + DV_STEP, dx.to(dv_ptr.dtype.element_ty), mask=mask & has_next & ~defer[:, None])
                 if NEED_DU:
                     du += tl.sum(coef[:, None] * x_next, axis=0)  # x_next is 0 where masked
+                    if DEFER:
+                        early_sum += early[:, None] * x_next
             ptrs += UNROLL * STRIDE_N
             dptrs += UNROLL * DV_STEP
         if DEFER:
             g_out_exact -= g_lse
+            if NEED_DU:
+                du += tl.sum((g_out - g_out_exact)[:, None] * early_sum, axis=0)
             for k in range(0, tl.max(count, axis=0)):
                 sel = tl.arange(0, MAX_DEFERRED)[None, :] == k
                 j = tl.sum(tl.where(sel, slot_i, 0), axis=1).to(tl.int64)

@@ -21,12 +21,13 @@ CUDA_BACKWARD_TILED_ELEMENTS = 8192
 CUDA_NUM_WARPS = 4
 BACKWARD_PROGRAMS_PER_CORE = 2
 # The one-pass backward (the forward's out and lse known) keeps grad_out, the query, two source rows,
-# the gradient row and the query-gradient accumulator. Nothing is re-read, so nothing needs L2 and
-# more programs per SM hide more latency; a thread holds at most 32 elements of a row (D = 8192 on
-# 8 warps), past which registers would spill.
+# the gradient row and the sum of early rows (see the kernel); its per-program query-gradient
+# accumulator is left out of the count, so that D = 8192 keeps one pass on 8 warps (at most 32 row
+# elements per thread). The H100 sweep measured D = 8192 on 4 warps 2x slower (spills), one token
+# per program 1.6x faster than two, and 2 programs per SM 2-6% faster than 4, 10-15% than 8.
 ONEPASS_BYTES_PER_ELEMENT = 24
 CUDA_ONEPASS_TILE_ELEMENTS = 4096
-CUDA_ONEPASS_PROGRAMS_PER_CORE = 4
+CUDA_ONEPASS_PROGRAMS_PER_CORE = 2
 CUDA_ELEMENTS_PER_THREAD = 32
 CUDA_MAX_WARPS = 8
 
