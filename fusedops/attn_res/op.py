@@ -101,13 +101,15 @@ def _backward(
     grad_weight = torch.empty_like(norm_weight) if need_norm_weight else query.new_empty(0)
     if not (need_values or need_du):
         return grad_values, grad_query, grad_weight
-    plan = plan or backward_plan(target, tokens, dim, values.element_size(), out is not None and lse is not None)
-    one_pass = plan.one_pass and plan.one_tile and out is not None and lse is not None
+    saved = out is not None and lse is not None
+    plan = plan or backward_plan(target, tokens, dim, values.element_size(), saved)
+    one_pass = plan.one_pass and plan.one_tile and saved
     # One fp32 row of query/weight-gradient partial sums per program; not even allocated when only
     # grad_values is wanted (frozen mixing parameters). The one-pass kernel writes every row once;
     # the two-phase kernel adds to its row per token block, so it starts from zeros.
     rows = (plan.grid if tokens else 1, dim) if need_du else (1,)
-    partial = values.new_empty(rows, dtype=torch.float32) if one_pass and tokens else values.new_zeros(rows, dtype=torch.float32)
+    alloc = values.new_empty if one_pass and tokens else values.new_zeros
+    partial = alloc(rows, dtype=torch.float32)
     if tokens:
         grad_out = grad_out.contiguous()
         s1, s2, st0, st1, st2 = _walk(values)
@@ -177,7 +179,9 @@ def attn_res_op(values: Tensor, query: Tensor, norm_weight: Optional[Tensor], ep
 
 
 @fused_op("attn_res_with_lse")
-def attn_res_with_lse_op(values: Tensor, query: Tensor, norm_weight: Optional[Tensor], eps: float) -> tuple[Tensor, Tensor]:
+def attn_res_with_lse_op(
+    values: Tensor, query: Tensor, norm_weight: Optional[Tensor], eps: float
+) -> tuple[Tensor, Tensor]:
     """(out, lse): out as `fusedops::attn_res`, lse [*batch] fp32 the logsumexp over depth of the
     logits (differentiable). Its backward makes one pass over values (out and lse are saved)."""
     check_args(values, query, norm_weight, eps)
