@@ -311,22 +311,29 @@ def _one_pass_row(x, row_ok, i, g, u, lse, g_out, D, eps, count, slot_i, slot_s,
                   DEFER: tl.constexpr):
     """One source row of the one-pass backward: its gradient against the rounded <g, out>, its term of
     the exact <g, out>, and, for a heavy row (alpha_i >= DEFER_ALPHA), its statistics kept in a free
-    slot instead (coef 0, `defer` True: the caller writes nothing for it). `early` = alpha_i rstd_i for
+    slot instead (coef 0, `written` False: the caller stores nothing for it). `early` = alpha_i rstd_i for
     a row written now (0 otherwise): the query gradient adds (<g, out>~ - <g, out>) early_i v_i later."""
     logit, rstd = _row_logit(x, u, D, eps)
     gv = tl.sum(x * g, axis=1)
     dx, coef = _grad_row(x, g, u, logit, rstd, gv, lse, g_out, D)
     alpha = tl.exp(tl.minimum(logit - lse, 0.0))
     g_out_exact += tl.where(row_ok, alpha * gv, 0.0)
-    defer = row_ok & (alpha >= DEFER_ALPHA) & (count < MAX_DEFERRED) & DEFER
+    # `written` is spelled out rather than row_ok & ~defer: triton-ascend 3.2's interpreter cannot invert
+    # (or combine with a constexpr) a boolean tensor.
+    if DEFER:
+        defer = row_ok & (alpha >= DEFER_ALPHA) & (count < MAX_DEFERRED)
+        written = row_ok & ((alpha < DEFER_ALPHA) | (count >= MAX_DEFERRED))
+    else:
+        defer = count < 0
+        written = row_ok
     hit = (tl.arange(0, MAX_DEFERRED)[None, :] == count[:, None]) & defer[:, None]
     slot_i = tl.where(hit, i, slot_i)
     slot_s = tl.where(hit, logit[:, None], slot_s)
     slot_r = tl.where(hit, rstd[:, None], slot_r)
     slot_gv = tl.where(hit, gv[:, None], slot_gv)
     count += defer.to(tl.int32)
-    early = tl.where(row_ok & ~defer, alpha * rstd, 0.0)
-    return dx, tl.where(defer, 0.0, coef), defer, early, count, slot_i, slot_s, slot_r, slot_gv, g_out_exact
+    early = tl.where(written, alpha * rstd, 0.0)
+    return dx, tl.where(written, coef, 0.0), written, early, count, slot_i, slot_s, slot_r, slot_gv, g_out_exact
 
 
 @triton.jit
@@ -386,20 +393,20 @@ def attn_res_bwd_onepass_kernel(
             if UNROLL == 2:
                 has_next = i + 1 < N
                 x_next = tl.load(ptrs + STRIDE_N, mask=mask & has_next, other=0.0).to(tl.float32)
-            dx, coef, defer, early, count, slot_i, slot_s, slot_r, slot_gv, g_out_exact = _one_pass_row(
+            dx, coef, written, early, count, slot_i, slot_s, slot_r, slot_gv, g_out_exact = _one_pass_row(
                 x, t_mask, i, g, u, lse, g_out, D, eps, count, slot_i, slot_s, slot_r, slot_gv, g_out_exact, DEFER)
             if NEED_DV:
-                tl.store(dptrs, dx.to(dv_ptr.dtype.element_ty), mask=mask & ~defer[:, None])
+                tl.store(dptrs, dx.to(dv_ptr.dtype.element_ty), mask=mask & written[:, None])
             if NEED_DU:
                 du += tl.sum(coef[:, None] * x, axis=0)
                 if DEFER:
                     early_sum += early[:, None] * x
             if UNROLL == 2:
-                dx, coef, defer, early, count, slot_i, slot_s, slot_r, slot_gv, g_out_exact = _one_pass_row(
+                dx, coef, written, early, count, slot_i, slot_s, slot_r, slot_gv, g_out_exact = _one_pass_row(
                     x_next, t_mask & has_next, i + 1, g, u, lse, g_out, D, eps, count, slot_i, slot_s, slot_r,
                     slot_gv, g_out_exact, DEFER)
                 if NEED_DV:
-                    tl.store(dptrs + DV_STEP, dx.to(dv_ptr.dtype.element_ty), mask=mask & has_next & ~defer[:, None])
+                    tl.store(dptrs + DV_STEP, dx.to(dv_ptr.dtype.element_ty), mask=mask & written[:, None])
                 if NEED_DU:
                     du += tl.sum(coef[:, None] * x_next, axis=0)  # x_next is 0 where masked
                     if DEFER:

@@ -80,9 +80,7 @@ def _forward(
 def backward_plan(target: Target, tokens: int, dim: int, elem_size: int, one_pass: bool) -> Plan:
     """The one-pass plan when the forward's out and lse are at hand and a whole row fits on chip;
     otherwise the two-phase plan."""
-    # CUDA only for now: the one-pass kernel failed its first test under triton-ascend 3.2's interpreter
-    # in CI (not yet diagnosed); the Ascend plan keeps the two-phase backward.
-    if one_pass and target.vendor == "cuda":
+    if one_pass:
         plan = make_plan(target, tokens, dim, elem_size, backward=True, one_pass=True)
         if plan.one_tile:
             return plan
