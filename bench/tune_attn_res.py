@@ -6,16 +6,27 @@ Usage: python -m bench.tune_attn_res"""
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import torch
 import triton.testing
 from torch._library.triton import set_wrap_triton_enabled
 
 from bench.common import measure_ceiling
+from fusedops.attn_res.kernels import attn_res_bwd_onepass_kernel
 from fusedops.attn_res.op import _backward, _forward, backward_plan
 from fusedops.attn_res.plan import make_plan
+from fusedops.launch import launch
 from fusedops.targets import cuda_target
 
+FORWARD = os.environ.get("TUNE_FORWARD", "1") == "1"  # TUNE_FORWARD=0: the backward only
+# (warps, programs per SM, extra launch options) of the one-pass backward; DEFER=False is not exact (it
+# shows what the deferred rows cost), maxnreg caps registers so that two 8-warp programs fit an SM.
+# Run 6 (bench/NOTES.md) also timed 3 per SM and 16 warps: slower everywhere.
+ONE_PASS_CONFIGS = {
+    "now": [(4, 2, {}), (4, 4, {}), (4, 2, {"DEFER": False}), (8, 2, {}), (8, 2, {"maxnreg": 128})],
+    "prev": [(4, 2, {}), (8, 2, {})],
+}
 CASES = [(8, 8192, 4096), (16, 4096, 4096), (64, 2048, 4096), (4, 8192, 4096), (8, 8192, 8192)]
 
 
@@ -45,7 +56,7 @@ def sweep() -> None:
         fwd_bytes, bwd_bytes = (n + 1) * tokens * dim * 2, (2 * n + 1) * tokens * dim * 2
         case = f"N{n} T{tokens} D{dim}"
         base = make_plan(target, tokens, dim, 2, backward=False)
-        for block_t, warps, per_sm in ((2, 4, 0), (1, 4, 4), (2, 4, 2), (2, 4, 4)):
+        for block_t, warps, per_sm in ((2, 4, 0), (1, 4, 4), (2, 4, 2), (2, 4, 4)) if FORWARD else ():
             if block_t * dim > 8192 and (block_t, warps) != (base.block_t, base.num_warps):
                 continue
             blocks = -(-tokens // block_t)
@@ -62,19 +73,35 @@ def sweep() -> None:
         if not base.one_pass:
             print(f"bwd one-pass {case}: no one-pass plan (two-phase {two_phase})")
             continue
-        for block_t, warps in ((1, 4), (1, 8), (2, 4)):
-            if block_t * dim > 16384:
-                continue
-            for per_sm in (2, 4, 8):
-                for unroll in (2,):
-                    grid = min(-(-tokens // block_t), per_sm * sms)
-                    plan = dataclasses.replace(base, block_t=block_t, num_warps=warps, grid=grid, unroll=unroll)
-                    same = (block_t, warps, grid, unroll) == (base.block_t, base.num_warps, base.grid, base.unroll)
-                    _time(f"bwd one-pass {case} bt{block_t} w{warps} {per_sm}/SM u{unroll}",
-                          lambda: _backward(g, v, q, w, 1e-6, True, True, True, target, out, lse, None, plan),
-                          bwd_bytes, ceiling, same)
+        kernels = {"now": attn_res_bwd_onepass_kernel}
+        try:  # an earlier version of the kernels, when a comparison in the same process is wanted
+            from bench import _prev_attn_res_kernels as prev
+            kernels["prev"] = prev.attn_res_bwd_onepass_kernel
+        except ImportError:
+            pass
+        for name, kernel in kernels.items():
+            for warps, per_sm, extra in ONE_PASS_CONFIGS[name]:
+                if warps * 32 * 32 < dim or warps * 32 * 8 > dim:  # 8..32 row elements per thread
+                    continue
+                plan = dataclasses.replace(base, num_warps=warps, grid=min(tokens, per_sm * sms))
+                same = (warps, plan.grid) == (base.num_warps, base.grid) and not extra and name == "now"
+                label = " ".join(f"{k}={v}" for k, v in extra.items())
+                _time(f"bwd one-pass {name} {case} w{warps} {per_sm}/SM {label}",
+                      lambda: _onepass(kernel, g, v, q, w, out, lse, plan, extra), bwd_bytes, ceiling, same)
         del v, g, out
         torch.cuda.empty_cache()
+
+
+def _onepass(kernel, g, v, q, w, out, lse, plan, extra):
+    """The one-pass backward kernel alone (no partial-sum reduction), with extra constexprs."""
+    n, tokens, dim = v.shape
+    dv = torch.empty_like(v)
+    partial = torch.empty(plan.grid, dim, device=v.device)
+    meta = dict(HAS_WEIGHT=True, HAS_DLSE=False, NEED_DV=True, NEED_DU=True, DEFER=True, UNROLL=plan.unroll,
+                BLOCK_T=plan.block_t, BLOCK_D=plan.block_d, num_warps=plan.num_warps)
+    launch(kernel, (plan.grid,), (g, g, out, lse, v, q, w, dv, partial),
+           (n, tokens, dim, 1, 1, dim, 0, 0, v.stride(0), tokens * dim, 1e-6), {**meta, **extra})
+    return dv, partial
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -53,6 +53,13 @@ def reference_grads(values, query, norm_weight, eps, grad_out, grad_lse=None):
     else:
         grads = torch.autograd.grad((out, lse), leaves, (grad_out.double(), grad_lse.double()))
     return out.detach(), grads
+
+
+def representable(ref_grads, values, query, norm_weight) -> bool:
+    """Whether every true gradient fits its parameter's dtype. fp16 parameters with values of scale
+    1e3 can have a norm-weight gradient past 65504: such a case has no correct fp16 answer."""
+    params = (values, query, norm_weight)
+    return all(p is None or bool(g.abs().max() <= torch.finfo(p.dtype).max) for g, p in zip(ref_grads, params))
 
 
 # The entries: the wrapper runs fusedops::attn_res_with_lse, whose backward makes one pass over values
@@ -161,6 +168,7 @@ def build_inputs(case):
 def check_case(case, path, onchip_bytes=None, entry="wrapper"):
     values, query, weight, eps, grad_out = build_inputs(case)
     ref_out, ref_grads = reference_grads(values, query, weight, eps, grad_out)
+    assume(representable(ref_grads, values, query, weight))
     with execution_path(path, onchip_bytes):
         out, grads = run_op(values, query, weight, eps, grad_out, entry)
     assert out.dtype == values.dtype
@@ -188,6 +196,7 @@ def test_lse_matches_and_its_gradient_flows(path, case, lse_scale):
     values, query, weight, eps, grad_out = build_inputs(case)
     grad_lse = lse_scale * torch.randn(values.shape[1:-1], generator=torch.Generator().manual_seed(case[-1]))
     ref_out, ref_grads = reference_grads(values, query, weight, eps, grad_out, grad_lse)
+    assume(representable(ref_grads, values, query, weight))
     _, ref_lse = einsum_attn_res(values, query, weight, eps, return_lse=True)
     leaves = [t.detach().clone().requires_grad_() if t is not None else None for t in (values, query, weight)]
     with execution_path(path):

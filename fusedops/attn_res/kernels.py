@@ -337,6 +337,14 @@ def _one_pass_row(x, row_ok, i, g, u, lse, g_out, D, eps, count, slot_i, slot_s,
 
 
 @triton.jit
+def _waiting_row(k, slot_i, slot_s, slot_r, slot_gv):
+    """(row index as int64, logit, rstd, <g, v>) held in slot k of each token (zeros past its count)."""
+    sel = tl.arange(0, MAX_DEFERRED)[None, :] == k
+    return (tl.sum(tl.where(sel, slot_i, 0), axis=1).to(tl.int64), tl.sum(tl.where(sel, slot_s, 0.0), axis=1),
+            tl.sum(tl.where(sel, slot_r, 0.0), axis=1), tl.sum(tl.where(sel, slot_gv, 0.0), axis=1))
+
+
+@triton.jit
 def attn_res_bwd_onepass_kernel(
     g_ptr, glse_ptr, out_ptr, lse_ptr, v_ptr, q_ptr, w_ptr, dv_ptr, partial_ptr,
     N, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, DV_STEP, eps,
@@ -370,9 +378,9 @@ def attn_res_bwd_onepass_kernel(
         t_mask = t < T
         mask = t_mask[:, None] & d_mask[None, :]
         io = t[:, None] * D + d[None, :]
-        rows = v_ptr + _token_rows(t, S1, S2, ST0, ST1, ST2)[:, None] + d[None, :]
-        g = tl.load(g_ptr + io, mask=mask, other=0.0).to(tl.float32)
-        g_out = tl.sum(g * tl.load(out_ptr + io, mask=mask, other=0.0).to(tl.float32), axis=1)
+        row0 = _token_rows(t, S1, S2, ST0, ST1, ST2)  # [BLOCK_T] offsets: no pointer tile is loop-carried
+        g = tl.load(g_ptr + io, mask=mask, other=0.0)
+        g_out = tl.sum(g.to(tl.float32) * tl.load(out_ptr + io, mask=mask, other=0.0).to(tl.float32), axis=1)
         g_lse = tl.zeros([BLOCK_T], tl.float32)
         if HAS_DLSE:
             g_lse = tl.load(glse_ptr + t, mask=t_mask, other=0.0)
@@ -384,51 +392,60 @@ def attn_res_bwd_onepass_kernel(
         slot_s = tl.zeros([BLOCK_T, MAX_DEFERRED], tl.float32)
         slot_r = tl.zeros([BLOCK_T, MAX_DEFERRED], tl.float32)
         slot_gv = tl.zeros([BLOCK_T, MAX_DEFERRED], tl.float32)
-        early_sum = tl.zeros([BLOCK_T, BLOCK_D], tl.float32)
-        ptrs = rows
-        dptrs = dv_ptr + io
+        early_sum = tl.zeros([BLOCK_T, BLOCK_D], tl.float16)
+        src = row0
+        dst = t * D
         # UNROLL == 2 keeps two independent rows in flight: the loop is latency-bound otherwise.
         for i in range(0, N, UNROLL):
-            x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+            x = tl.load(v_ptr + src[:, None] + d[None, :], mask=mask, other=0.0).to(tl.float32)
             if UNROLL == 2:
                 has_next = i + 1 < N
-                x_next = tl.load(ptrs + STRIDE_N, mask=mask & has_next, other=0.0).to(tl.float32)
+                x_next = tl.load(v_ptr + (src + STRIDE_N)[:, None] + d[None, :], mask=mask & has_next, other=0.0)
             dx, coef, written, early, count, slot_i, slot_s, slot_r, slot_gv, g_out_exact = _one_pass_row(
                 x, t_mask, i, g, u, lse, g_out, D, eps, count, slot_i, slot_s, slot_r, slot_gv, g_out_exact, DEFER)
             if NEED_DV:
-                tl.store(dptrs, dx.to(dv_ptr.dtype.element_ty), mask=mask & written[:, None])
+                tl.store(dv_ptr + dst[:, None] + d[None, :], dx.to(dv_ptr.dtype.element_ty), mask=mask & written[:, None])
             if NEED_DU:
                 du += tl.sum(coef[:, None] * x, axis=0)
                 if DEFER:
-                    early_sum += early[:, None] * x
+                    early_sum = (early_sum + early[:, None] * x).to(tl.float16)
             if UNROLL == 2:
+                x_next = x_next.to(tl.float32)
                 dx, coef, written, early, count, slot_i, slot_s, slot_r, slot_gv, g_out_exact = _one_pass_row(
                     x_next, t_mask & has_next, i + 1, g, u, lse, g_out, D, eps, count, slot_i, slot_s, slot_r,
                     slot_gv, g_out_exact, DEFER)
                 if NEED_DV:
-                    tl.store(dptrs + DV_STEP, dx.to(dv_ptr.dtype.element_ty), mask=mask & written[:, None])
+                    tl.store(dv_ptr + (dst + DV_STEP)[:, None] + d[None, :], dx.to(dv_ptr.dtype.element_ty), mask=mask & written[:, None])
                 if NEED_DU:
                     du += tl.sum(coef[:, None] * x_next, axis=0)  # x_next is 0 where masked
                     if DEFER:
-                        early_sum += early[:, None] * x_next
-            ptrs += UNROLL * STRIDE_N
-            dptrs += UNROLL * DV_STEP
+                        early_sum = (early_sum + early[:, None] * x_next).to(tl.float16)
+            src += UNROLL * STRIDE_N
+            dst += UNROLL * DV_STEP
         if DEFER:
             g_out_exact -= g_lse
             if NEED_DU:
                 du += tl.sum((g_out - g_out_exact)[:, None] * early_sum, axis=0)
-            for k in range(0, tl.max(count, axis=0)):
-                sel = tl.arange(0, MAX_DEFERRED)[None, :] == k
-                j = tl.sum(tl.where(sel, slot_i, 0), axis=1).to(tl.int64)
+            # Two waiting rows in flight per step (their re-reads come from L2; the tail is latency-bound).
+            for k in range(0, tl.max(count, axis=0), 2):
+                j, logit, rstd, gv = _waiting_row(k, slot_i, slot_s, slot_r, slot_gv)
+                j2, logit2, rstd2, gv2 = _waiting_row(k + 1, slot_i, slot_s, slot_r, slot_gv)
                 ok = mask & (k < count)[:, None]
-                x = tl.load(rows + j[:, None] * STRIDE_N, mask=ok, other=0.0).to(tl.float32)
-                dx, coef = _grad_row(x, g, u, tl.sum(tl.where(sel, slot_s, 0.0), axis=1),
-                                     tl.sum(tl.where(sel, slot_r, 0.0), axis=1),
-                                     tl.sum(tl.where(sel, slot_gv, 0.0), axis=1), lse, g_out_exact, D)
+                ok2 = mask & (k + 1 < count)[:, None]
+                x = tl.load(v_ptr + (row0 + j * STRIDE_N)[:, None] + d[None, :], mask=ok, other=0.0).to(tl.float32)
+                x2 = tl.load(v_ptr + (row0 + j2 * STRIDE_N)[:, None] + d[None, :], mask=ok2, other=0.0)
+                dx, coef = _grad_row(x, g, u, logit, rstd, gv, lse, g_out_exact, D)
                 if NEED_DV:
-                    tl.store(dv_ptr + io + j[:, None] * DV_STEP, dx.to(dv_ptr.dtype.element_ty), mask=ok)
+                    tl.store(dv_ptr + (t * D + j * DV_STEP)[:, None] + d[None, :], dx.to(dv_ptr.dtype.element_ty), mask=ok)
                 if NEED_DU:
                     du += tl.sum(coef[:, None] * x, axis=0)  # x is 0 where no row waits
+                x2 = x2.to(tl.float32)
+                dx, coef = _grad_row(x2, g, u, logit2, rstd2, gv2, lse, g_out_exact, D)
+                if NEED_DV:
+                    tl.store(dv_ptr + (t * D + j2 * DV_STEP)[:, None] + d[None, :], dx.to(dv_ptr.dtype.element_ty),
+                             mask=ok2)
+                if NEED_DU:
+                    du += tl.sum(coef[:, None] * x2, axis=0)
     if NEED_DU:
         tl.store(partial_ptr + pid * D + d, du, mask=d_mask)
 
