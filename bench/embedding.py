@@ -77,56 +77,85 @@ def run(ctx: Context) -> list[dict]:
 
 
 def sweep(cases=((151936, 4096, 16384), (32768, 768, 16384))) -> None:
-    """Plan study on a GPU (not part of the table): kernel-only times of the forward and the backward
-    under several CUDA tile shapes, on uniform and Zipf(1.1) indices.
+    """Forward plan study on a GPU (not part of the table): kernel-only times of the forward under
+    several CUDA tile sizes (the backward's: sweep_bwd).
     python -c "from bench.embedding import sweep; sweep()" """
     import triton.testing
 
-    from fusedops.embedding import op as emb_op
+    from bench.common import measure_ceiling
     from fusedops.embedding import plan as emb_plan
-    from fusedops.embedding.kernels import embedding_bwd_kernel, embedding_fwd_kernel
+    from fusedops.embedding.kernels import embedding_fwd_kernel
     from fusedops.targets import target_for
 
-    def bench(fn):
-        return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
-
-    src = torch.empty(2**30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    copy_tbps = 2 * src.numel() / (bench(lambda: dst.copy_(src)) * 1e-3) / 1e12
-    del src, dst
-    print(f"sweep copy ceiling {copy_tbps:.3f} TB/s")
-    saved = (emb_plan.CUDA_TILE_BYTES, emb_plan.CUDA_MAX_BLOCK_D, emb_plan.CUDA_BWD_TILE_BYTES,
-             emb_plan.CUDA_BWD_MAX_BLOCK_D)
+    print(f"sweep copy ceiling {measure_ceiling(torch.device('cuda')):.3f} TB/s")
+    saved = (emb_plan.CUDA_TILE_BYTES, emb_plan.CUDA_MAX_BLOCK_D)
     for v, d, tokens in cases:
         gen = torch.Generator().manual_seed(0)
         weight = torch.randn(v, d, generator=gen).to("cuda", torch.bfloat16)
+        idx = torch.randint(0, v, (tokens,), generator=gen).cuda()
+        target = target_for(weight.device)
+        out = torch.empty(tokens, d, device="cuda", dtype=torch.bfloat16)
+        for tile_bytes, max_d in [(8192, 512), (16384, 1024), (32768, 2048)]:
+            emb_plan.CUDA_TILE_BYTES, emb_plan.CUDA_MAX_BLOCK_D = tile_bytes, max_d
+            pf = emb_plan.make_plan(target, tokens, d, 2, backward=False)
+            ms = triton.testing.do_bench(lambda: embedding_fwd_kernel[(pf.grid,)](
+                idx, weight, out, tokens, v, d, weight.stride(0), 1,
+                BLOCK_T=pf.block_rows, BLOCK_D=pf.block_d, num_warps=pf.num_warps), return_mode="median")
+            print(f"sweep {v},{d},{tokens} tile={tile_bytes} fwd[{pf.block_rows}x{pf.block_d} w{pf.num_warps}] "
+                  f"{ms:.4f} ms {2 * tokens * d * 2 / ms / 1e9:.3f} TB/s", flush=True)
+    emb_plan.CUDA_TILE_BYTES, emb_plan.CUDA_MAX_BLOCK_D = saved
+
+
+# Backward-kernel tile variants: (rows, features, warps, register cap); one program per tile.
+BWD_VARIANTS = [
+    (4, 2048, 8, None), (4, 2048, 8, 128), (4, 1024, 4, None), (4, 1024, 4, 128), (4, 512, 4, None),
+    (8, 512, 4, None), (2, 1024, 4, None), (2, 1024, 2, None), (4, 512, 2, None), (8, 1024, 8, None),
+    (2, 2048, 8, None),
+]
+
+
+def sweep_bwd(cases=((151936, 4096, 16384), (131072, 4096, 16384), (32768, 768, 16384))) -> None:
+    """Backward-kernel tile variants (tile shape, warps, register cap), kernel-only, uniform
+    and Zipf(1.1) indices; each variant's result checked bitwise against the first's.
+    python -c "from bench.embedding import sweep_bwd; sweep_bwd()" """
+    import triton.testing
+
+    from bench.common import measure_ceiling
+    from fusedops.embedding import op as emb_op
+    from fusedops.embedding.kernels import embedding_bwd_kernel
+
+    ceiling = measure_ceiling(torch.device("cuda"))
+    print(f"sweep_bwd copy ceiling {ceiling:.3f} TB/s")
+    for v, d, tokens in cases:
+        gen = torch.Generator().manual_seed(0)
         g = torch.randn(tokens, d, generator=gen).to("cuda", torch.bfloat16)
         probs = torch.arange(1, v + 1, dtype=torch.float64).pow(-1.1)
         indices = {
             "uniform": torch.randint(0, v, (tokens,), generator=gen).cuda(),
             "zipf1.1": torch.multinomial(probs / probs.sum(), tokens, replacement=True, generator=gen).cuda(),
         }
-        target = target_for(weight.device)
-        out = torch.empty(tokens, d, device="cuda", dtype=torch.bfloat16)
-        gw = torch.empty(v, d, device="cuda", dtype=torch.bfloat16)
-        fb, bb = 2 * tokens * d * 2, (v * d + tokens * d) * 2
-        for tile_bytes, max_d in [(8192, 512), (16384, 1024), (32768, 2048)]:
-            emb_plan.CUDA_TILE_BYTES, emb_plan.CUDA_MAX_BLOCK_D = tile_bytes, max_d
-            emb_plan.CUDA_BWD_TILE_BYTES, emb_plan.CUDA_BWD_MAX_BLOCK_D = tile_bytes, max_d
-            pf = emb_plan.make_plan(target, tokens, d, 2, backward=False)
-            pb = emb_plan.make_plan(target, v, d, 2, backward=True)
-            idx = indices["uniform"]
-            f_ms = bench(lambda: embedding_fwd_kernel[(pf.grid,)](
-                idx, weight, out, tokens, v, d, weight.stride(0), 1,
-                BLOCK_T=pf.block_rows, BLOCK_D=pf.block_d, num_warps=pf.num_warps))
-            print(f"sweep {v},{d},{tokens} tile={tile_bytes} fwd[{pf.block_rows}x{pf.block_d} w{pf.num_warps}] "
-                  f"{f_ms:.4f} ms {fb / f_ms / 1e9:.3f} TB/s", flush=True)
-            for dist, idx in indices.items():
-                perm, offsets = emb_op._run_offsets(idx, v)
-                b_ms = bench(lambda: embedding_bwd_kernel[(pb.grid,)](
-                    g, perm, offsets, gw, v, d, d, 1, -1, SCALE=False,
-                    BLOCK_R=pb.block_rows, BLOCK_D=pb.block_d, num_warps=pb.num_warps))
-                print(f"sweep {v},{d},{tokens} tile={tile_bytes} {dist} bwd-kernel[{pb.block_rows}x{pb.block_d} "
-                      f"w{pb.num_warps}] {b_ms:.4f} ms {bb / b_ms / 1e9:.3f} TB/s", flush=True)
-        (emb_plan.CUDA_TILE_BYTES, emb_plan.CUDA_MAX_BLOCK_D, emb_plan.CUDA_BWD_TILE_BYTES,
-         emb_plan.CUDA_BWD_MAX_BLOCK_D) = saved
+        nbytes = (v * d + tokens * d) * 2
+        zeros = torch.empty(v, d, device="cuda", dtype=torch.bfloat16)
+        ms = triton.testing.do_bench(zeros.zero_, return_mode="median")
+        print(f"sweep_bwd {v},{d} memset of grad_weight (write-only reference): {ms:.4f} ms "
+              f"{v * d * 2 / ms / 1e9:.3f} TB/s", flush=True)
+        del zeros
+        for dist, idx in indices.items():
+            perm, offsets = emb_op._run_offsets(idx, v)
+            first = None
+            for rows, block_d, warps, maxnreg in BWD_VARIANTS:
+                block_d = min(block_d, 256 if d % 512 else d)  # D = 768: 256-wide blocks, as the plan
+                grid = -(-v // rows) * -(-d // block_d)
+                gw = torch.empty(v, d, device="cuda", dtype=torch.bfloat16)
+                opts = dict(SCALE=False, BLOCK_R=rows, BLOCK_D=block_d, num_warps=warps,
+                            **({"maxnreg": maxnreg} if maxnreg else {}))
+
+                def run():
+                    embedding_bwd_kernel[(grid,)](g, perm, offsets, gw, v, d, d, 1, -1, **opts)
+
+                run()
+                same = first is None or torch.equal(first, gw)
+                first = gw if first is None else first
+                ms = triton.testing.do_bench(run, return_mode="median")
+                print(f"sweep_bwd {v},{d},{tokens} {dist} {rows}x{block_d} w{warps} maxnreg={maxnreg}: {ms:.4f} ms "
+                      f"{100 * nbytes / ms / 1e9 / ceiling:.0f}%{'' if same else ' DIFFERENT RESULT'}", flush=True)

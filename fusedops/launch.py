@@ -32,8 +32,11 @@ def _tensor_key(tensors: Sequence[torch.Tensor]) -> tuple:
 
 
 def launch(kernel, grid: tuple[int, ...], tensors: Sequence[torch.Tensor], scalars: tuple, meta: dict) -> None:
-    """kernel[grid](*tensors, *scalars, **meta), the tensors being the kernel's leading parameters."""
+    """kernel[grid](*tensors, *scalars, **meta), the tensors being the kernel's leading parameters.
+    meta may hold `maxnreg` (a per-thread register cap), honoured on direct CUDA launches only: the
+    interpreter has no registers and torch.compile's wrap_triton would take it for a kernel argument."""
     if is_wrap_triton_enabled() or not tensors[0].is_cuda:
+        meta = {k: v for k, v in meta.items() if k != "maxnreg"}
         wrap_triton(kernel)[grid](*tensors, *scalars, **meta)
         return
     key = (kernel, grid, scalars, tuple(meta.items()), _tensor_key(tensors))

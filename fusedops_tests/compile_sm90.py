@@ -37,7 +37,8 @@ def inductor_signature(kernel, tensors, scalars, meta) -> tuple[dict, dict]:
     signature, constexprs = {}, {}
     for i, name in enumerate(kernel.arg_names):
         if i >= len(values):
-            signature[name], constexprs[name] = "constexpr", meta[name]
+            value = meta[name] if name in meta else kernel.params[i].default  # a constexpr left at its default
+            signature[name], constexprs[name] = "constexpr", value
             continue
         x = values[i]
         if isinstance(x, torch.Tensor):
@@ -95,7 +96,7 @@ def main() -> int:
         if key in seen:
             continue
         seen.add(key)
-        options = {k: meta[k] for k in ("num_warps", "num_stages") if k in meta}
+        options = {k: meta[k] for k in ("num_warps", "num_stages", "maxnreg") if k in meta}
         try:
             triton.compile(ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32), options=options)
             print("ok", kernel.fn.__name__, constexprs)

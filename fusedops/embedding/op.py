@@ -107,7 +107,8 @@ def _backward(
     launch(
         embedding_bwd_kernel, (plan.grid,), (grad2d, perm, offsets, grad_weight),
         (num_weights, dim, grad2d.stride(0), grad2d.stride(1), padding_idx),
-        dict(SCALE=scale_grad_by_freq, BLOCK_R=plan.block_rows, BLOCK_D=plan.block_d, num_warps=plan.num_warps),
+        dict(SCALE=scale_grad_by_freq, BLOCK_R=plan.block_rows, BLOCK_D=plan.block_d, num_warps=plan.num_warps,
+             **({"maxnreg": plan.max_registers} if plan.max_registers else {})),
     )
     return grad_weight
 

@@ -9,6 +9,7 @@ a power of two, (3) fit the tile in the target's on-chip budget (the Unified Buf
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from fusedops.targets import Target
 
@@ -22,10 +23,14 @@ BACKWARD_FIXED_BYTES = 16
 CUDA_TILE_BYTES = 16 * 1024
 CUDA_MAX_BLOCK_D = 1024
 MAX_WASTE = 1 / 8
-# The backward writes V x D once: 32 KiB tiles with feature blocks up to 2048 measured fastest at
-# V=151936, D=4096 (0.593 ms vs 0.696 ms with the forward's 16 KiB; bench/NOTES.md, embedding v3).
-CUDA_BWD_TILE_BYTES = 32 * 1024
-CUDA_BWD_MAX_BLOCK_D = 2048
+# The backward writes V x D once and is latency-bound (each tile waits on its run offsets, then on its
+# gathers), so what counts is how many tiles an SM holds at once: 4-warp programs of 4 rows x <= 1024
+# features with registers capped at 128 (four programs per SM) measured fastest at D = 4096
+# (V=151936: 0.547 ms vs 0.593 ms for 8-warp 4 x 2048 tiles; Zipf 0.858 vs 1.046), and 2-row tiles
+# where the feature block is short (D = 768: 2 x 256, 0.068 ms vs 0.081); bench/NOTES.md, embedding v4.
+CUDA_BWD_MAX_BLOCK_D = 1024
+CUDA_BWD_WARPS = 4
+CUDA_BWD_MAX_REGISTERS = 128
 
 
 def next_pow2(n: int) -> int:
@@ -42,6 +47,7 @@ class Plan:
     block_d: int  # features per tile
     grid: int  # programs launched; each loops over tiles pid, pid + grid, ...
     num_warps: int
+    max_registers: Optional[int] = None  # per thread (CUDA's maxnreg), None: the compiler's choice
 
     def tiles(self, rows: int, dim: int) -> int:
         return -(-rows // self.block_rows) * -(-dim // self.block_d)
@@ -67,10 +73,16 @@ def make_plan(target: Target, rows: int, dim: int, elem_size: int, *, backward: 
     if budget < min_d:
         raise ValueError(f"embedding: an on-chip budget of {target.onchip_bytes} bytes cannot hold one aligned tile row")
     largest = prev_pow2(budget)
-    if target.vendor == "cuda" and not target.interpreted:
-        tile_bytes, max_d = (CUDA_BWD_TILE_BYTES, CUDA_BWD_MAX_BLOCK_D) if backward else (CUDA_TILE_BYTES, CUDA_MAX_BLOCK_D)
-        wanted = min(largest, max(tile_bytes // elem_size, 1))
-        block_d = _block_d(dim, min_d, min(max_d, wanted))
+    cuda = target.vendor == "cuda" and not target.interpreted
+    if cuda and backward:
+        block_d = _block_d(dim, min_d, min(CUDA_BWD_MAX_BLOCK_D, largest))
+        block_rows = max(1, min(4 if block_d >= CUDA_BWD_MAX_BLOCK_D else 2, largest // block_d))
+        tiles = -(-max(rows, 1) // block_rows) * -(-max(dim, 1) // block_d)
+        return Plan(block_rows=block_rows, block_d=block_d, grid=target.grid_size(tiles), num_warps=CUDA_BWD_WARPS,
+                    max_registers=CUDA_BWD_MAX_REGISTERS)
+    if cuda:
+        wanted = min(largest, max(CUDA_TILE_BYTES // elem_size, 1))
+        block_d = _block_d(dim, min_d, min(CUDA_MAX_BLOCK_D, wanted))
     else:
         # Ascend and the interpreter: few, large tiles; the whole row when it fits the budget.
         wanted = largest
