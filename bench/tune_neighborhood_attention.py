@@ -34,7 +34,8 @@ def main() -> None:
         def step():
             return torch.autograd.grad(fusedops.neighborhood_attention(q, k, v, list(kernel)), (q, k, v), go)
 
-        for tiles in VARIANTS[len(spatial)]:
+        # TUNE_PLANNER_ONLY=1: the planner's tiles only (a kernel change, not a plan change, is measured)
+        for tiles in [""] if os.environ.get("TUNE_PLANNER_ONLY") == "1" else VARIANTS[len(spatial)]:
             os.environ["FUSEDOPS_NA_BWD_TILES"] = tiles
             try:
                 ms = gpu_time_ms(step)

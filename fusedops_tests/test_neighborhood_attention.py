@@ -10,13 +10,18 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import triton
+import triton.language as tl
+
 import fusedops
 from fusedops.neighborhood_attention import reference
+from fusedops.neighborhood_attention.kernels import _query_span
 from fusedops.neighborhood_attention.plan import make_plan
 from fusedops.targets import ascend_target, cuda_target
 
 from .helpers import (
     DTYPES,
+    INTERPRETER,
     KERNEL_PATHS,
     PATHS,
     assert_close,
@@ -251,6 +256,47 @@ def test_hand_neighbor_lists_through_the_op(path):
             got = torch.nonzero(row > 1e-6).flatten().tolist()
             assert got == keys, (length, k, d, s, causal, window, i, got)
             torch.testing.assert_close(row[keys], torch.full((len(keys),), 1.0 / len(keys)))
+
+
+@triton.jit
+def _query_span_probe(jl_ptr, jh_ptr, lg_ptr, k_ptr, st_ptr, causal_ptr, out_ptr, n,
+                      TRUNCATED: tl.constexpr, BLOCK: tl.constexpr):
+    for start in range(0, n, BLOCK):
+        i = start + tl.arange(0, BLOCK)
+        m = i < n
+        first, last = _query_span(tl.load(jl_ptr + i, mask=m), tl.load(jh_ptr + i, mask=m), tl.load(lg_ptr + i, mask=m),
+                                  tl.load(k_ptr + i, mask=m, other=1), tl.load(st_ptr + i, mask=m, other=1),
+                                  tl.load(causal_ptr + i, mask=m), TRUNCATED)
+        tl.store(out_ptr + 2 * i, first, mask=m)
+        tl.store(out_ptr + 2 * i + 1, last, mask=m)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("window", ["shifted", "truncated"])
+def test_backward_query_span_is_exact(window):
+    """The dK/dV kernel walks, per axis, the queries [first, last] that _query_span inverts from the
+    window formulas in closed form: checked against brute force over every key range of every axis
+    length <= 18, kernel, stride and causality (a too-narrow span would silently drop gradient terms)."""
+    if not INTERPRETER:
+        pytest.skip("needs TRITON_INTERPRET=1")
+    rows, want = [], []
+    for lg in range(2, 19):
+        for k in range(2, lg + 1):
+            for s in (range(1, k + 1) if window == "shifted" else [1]):
+                for causal in (False, True):
+                    if window == "truncated" and k % 2 == 0 and not causal:
+                        continue
+                    seen = [axis_keys(lg, k, 1, s, causal, window, i) for i in range(lg)]
+                    for jl in range(lg):
+                        for jh in range(jl, lg):
+                            hit = [i for i in range(lg) if any(jl <= j <= jh for j in seen[i])]
+                            rows.append((jl, jh, lg, k, s, int(causal)))
+                            want.append((hit[0], hit[-1]) if hit else None)
+    cols = [torch.tensor(c, dtype=torch.int32) for c in zip(*rows)]
+    out = torch.empty(len(rows), 2, dtype=torch.int32)
+    _query_span_probe[(1,)](*cols, out, len(rows), TRUNCATED=window == "truncated", BLOCK=4096)
+    for row, (first, last), expected in zip(rows, out.tolist(), want):
+        assert (first, last) == expected if expected else first > last, (row, first, last, expected)
 
 
 def test_2d_neighborhood_is_the_product_of_axes():

@@ -7,8 +7,8 @@ and the neighbourhood test is plain interval arithmetic on within-group coordina
     original position = within-group index * dilation + group.
 A query tile walks only the key boxes (BN0 x BN1 x BN2) that cover the union of its rows' windows,
 masks per element, and keeps an online softmax in base 2. The backward walks, for each key tile,
-exactly the queries whose windows reach it (per axis, a range found by binary search over the
-monotone window ends; each query chunk also skipped by an interval test), accumulating dK/dV in
+exactly the queries whose windows reach it (per axis, the closed-form inverse of the monotone
+window ends; each query chunk also skipped by an interval test), accumulating dK/dV in
 registers over all query heads of its GQA group: no atomics.
 
 All tensor offsets are int64; q/k/v/grad_out are read through their own (batch, head, axis) strides,
@@ -37,44 +37,26 @@ def _window(i, lg, K, ST, CAUSAL, TRUNCATED: tl.constexpr):
 
 
 @triton.jit
-def _reach(K, ST, CAUSAL, TRUNCATED: tl.constexpr):
-    """(before, after): a query i' whose window holds key j' has j' - before <= i' <= j' + after."""
-    if TRUNCATED:
-        before = tl.where(CAUSAL != 0, 0, K // 2)
-        after = tl.where(CAUSAL != 0, K - 1, K // 2)
-    else:
-        before = tl.where(CAUSAL != 0, 0, K + ST)
-        after = tl.where(CAUSAL != 0, K - 1, K + ST)
-    return before, after
-
-
-@triton.jit
 def _query_span(jl, jh, lg, K, ST, CAUSAL, TRUNCATED: tl.constexpr):
     """The exact range [first, last] of within-group queries whose windows hold any key in [jl, jh]
-    (first > last when none does). Both window ends are nondecreasing in the query, so each bound is
-    a binary search, confined to the loose reach of _reach (a few steps per key tile)."""
-    before, after = _reach(K, ST, CAUSAL, TRUNCATED)
-    start = tl.maximum(jl - before, 0)
-    stop = tl.minimum(jh + after, lg - 1) + 1
-    # first: the smallest query whose window ends at or after jl
-    a = start
-    b = stop
-    while a < b:
-        mid = (a + b) // 2
-        _, hi = _window(mid, lg, K, ST, CAUSAL, TRUNCATED)
-        right = hi < jl
-        a = tl.where(right, mid + 1, a)
-        b = tl.where(right, b, mid)
-    first = a
-    # last: one before the smallest query whose window starts after jh
-    b = stop
-    while a < b:
-        mid = (a + b) // 2
-        lo, _ = _window(mid, lg, K, ST, CAUSAL, TRUNCATED)
-        right = lo <= jh
-        a = tl.where(right, mid + 1, a)
-        b = tl.where(right, b, mid)
-    return first, a - 1
+    (first > last when none does), in closed form: both window ends of _window are nondecreasing in
+    the query, so `first` inverts hi(i) >= jl and `last` inverts lo(i) <= jh. Scalars or tensors."""
+    if TRUNCATED:  # stride 1: lo = max(i - before, 0), hi = i (causal) or min(i + K//2, lg - 1)
+        first = tl.where(CAUSAL != 0, jl, tl.maximum(jl - K // 2, 0))
+        last = tl.minimum(jh + tl.where(CAUSAL != 0, K - 1, K // 2), lg - 1)
+    else:
+        # Non-causal: hi = lo + K - 1 >= jl <=> lo >= jl - K + 1 =: a; when a > 0 that is
+        # c(i) = (i // ST) * ST + ST // 2 >= a + K // 2 (<= lg - 1, so the clamps never decide it).
+        a = jl - K + 1
+        first_nc = tl.where(a > 0, (a + K // 2 - ST // 2 + ST - 1) // ST * ST, 0)
+        # lo <= jh holds for every query once jh >= lg - K; otherwise it is c(i) - K // 2 <= jh.
+        # Causal: hi = i, and lo = c(i) - K + 1 <= jh with c(i) = (i // ST) * ST + ST - 1.
+        e = jh + tl.where(CAUSAL != 0, K - 1, K // 2)
+        group_last = (e - tl.where(CAUSAL != 0, ST - 1, ST // 2)) // ST * ST + ST - 1
+        every = (e >= lg - 1) | ((CAUSAL == 0) & (jh >= lg - K))
+        first = tl.where(CAUSAL != 0, jl, first_nc)
+        last = tl.where(every, lg - 1, tl.minimum(group_last, lg - 1))
+    return first, last
 
 
 @triton.jit
