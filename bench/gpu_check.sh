@@ -4,7 +4,8 @@
 # numbers. Baseline wheels in .whl/ (liger-kernel, fla-core, einops) are installed to /tmp/site first.
 #   STEPS="host tune tests bench" OPS="attn_res embedding" TEST_S=200 BENCH_S=330 bash bench/gpu_check.sh
 # STEPS (default "tests bench"): host = bench.host (host overhead vs GPU time), tune = bench.tune_attn_res
-# (attn_res plan sweep), tests = the GPU tests, lm = the example model, bench = python -m bench.
+# (attn_res plan sweep), embtune = embedding backward-kernel variants, natune =
+# bench.tune_neighborhood_attention, tests = the GPU tests, lm = the example model, bench = python -m bench.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-logs}
@@ -23,6 +24,12 @@ for step in ${STEPS:-tests bench}; do
     tune)
       timeout "${TUNE_S:-150}" python3 -m bench.tune_attn_res > "$OUT/tune.txt" 2>&1
       echo "tune (exit $?):"; cat "$OUT/tune.txt" ;;
+    embtune)
+      timeout "${EMBTUNE_S:-150}" python3 -c "from bench.embedding import sweep_bwd; sweep_bwd()" > "$OUT/embtune.txt" 2>&1
+      echo "embtune (exit $?):"; cat "$OUT/embtune.txt" ;;
+    natune)
+      timeout "${NATUNE_S:-150}" python3 -m bench.tune_neighborhood_attention > "$OUT/natune.txt" 2>&1
+      echo "natune (exit $?):"; cat "$OUT/natune.txt" ;;
     tests)
       tests=()
       for op in ${OPS:-attn_res embedding neighborhood_attention}; do tests+=("fusedops_tests/test_$op.py"); done
