@@ -383,10 +383,12 @@ def test_plans_fit_targets(V, D, elem):
     assert p.grid == ascend.vector_cores  # persistent: one program per vector core, grid-stride loop
 
 
-@pytest.mark.parametrize("V, D, shape", [(151936, 4096, (4, 1024)), (32768, 768, (2, 256)), (50257, 1600, (2, 256))])
+@pytest.mark.parametrize("V, D, shape", [(151936, 4096, (4, 1024)), (32768, 768, (2, 256)), (50257, 1600, (2, 256)),
+                                         (10**6, 7, (64, 8)), (1000, 100, (32, 16))])
 def test_cuda_backward_plan_is_the_measured_one(V, D, shape):
     """The H100 backward plan (bench/NOTES.md, embedding v4): 4-warp programs, registers capped at 128
-    so four fit an SM, 4 x 1024 tiles (2 rows where the feature block is shorter), one per tile."""
+    so four fit an SM, 4 x 1024 tiles (2 rows where the feature block is shorter, at least 512
+    elements a tile for narrow rows), one program per tile."""
     h100 = dataclasses.replace(cuda_target(interpreted=True), vector_cores=132, interpreted=False)
     p = make_plan(h100, V, D, 2, backward=True)
     assert (p.block_rows, p.block_d, p.num_warps, p.max_registers) == (*shape, 4, 128)

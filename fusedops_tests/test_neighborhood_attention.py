@@ -264,9 +264,9 @@ def _query_span_probe(jl_ptr, jh_ptr, lg_ptr, k_ptr, st_ptr, causal_ptr, out_ptr
     for start in range(0, n, BLOCK):
         i = start + tl.arange(0, BLOCK)
         m = i < n
-        first, last = _query_span(tl.load(jl_ptr + i, mask=m), tl.load(jh_ptr + i, mask=m), tl.load(lg_ptr + i, mask=m),
-                                  tl.load(k_ptr + i, mask=m, other=1), tl.load(st_ptr + i, mask=m, other=1),
-                                  tl.load(causal_ptr + i, mask=m), TRUNCATED)
+        first, last = _query_span(tl.load(jl_ptr + i, mask=m), tl.load(jh_ptr + i, mask=m),
+                                  tl.load(lg_ptr + i, mask=m, other=1), tl.load(k_ptr + i, mask=m, other=1),
+                                  tl.load(st_ptr + i, mask=m, other=1), tl.load(causal_ptr + i, mask=m), TRUNCATED)
         tl.store(out_ptr + 2 * i, first, mask=m)
         tl.store(out_ptr + 2 * i + 1, last, mask=m)
 

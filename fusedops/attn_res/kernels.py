@@ -361,8 +361,9 @@ def attn_res_bwd_onepass_kernel(
     a row with alpha_i >= 1/8 is not written in the pass; its statistics wait in registers until the
     pass has summed the exact <g, out> = sum_j alpha_j <g, v_j> in fp32, then it is re-read (it was
     just read, from L2) and written once. The rows written early carry alpha_i < 1/8 of the rounding in
-    grad_values; the query gradient gets none of it: their summed alpha_i rstd_i v_i ([BLOCK_T, BLOCK_D]
-    fp32) is scaled by the error of the rounded <g, out> once it is known. Without that, the softmax
+    grad_values; the query gradient gets none of it: their summed alpha_i rstd_i v_i ([BLOCK_T, BLOCK_D],
+    fp16: it is only ever scaled by that ~2^-9 error, and |alpha_i rstd_i v_i| <= sqrt(D)) is scaled by the
+    error of the rounded <g, out> once it is known. Without that, the softmax
     gradients would no longer sum to zero and a query gradient that cancels would lose all precision.
     Each persistent program sums ds_i rstd_i v_i over its tokens in registers and writes its row of
     `partial_ptr` ([programs, D] fp32) once at the end, zeros if it had no token.
@@ -404,7 +405,8 @@ def attn_res_bwd_onepass_kernel(
             dx, coef, written, early, count, slot_i, slot_s, slot_r, slot_gv, g_out_exact = _one_pass_row(
                 x, t_mask, i, g, u, lse, g_out, D, eps, count, slot_i, slot_s, slot_r, slot_gv, g_out_exact, DEFER)
             if NEED_DV:
-                tl.store(dv_ptr + dst[:, None] + d[None, :], dx.to(dv_ptr.dtype.element_ty), mask=mask & written[:, None])
+                tl.store(dv_ptr + dst[:, None] + d[None, :], dx.to(dv_ptr.dtype.element_ty),
+                         mask=mask & written[:, None])
             if NEED_DU:
                 du += tl.sum(coef[:, None] * x, axis=0)
                 if DEFER:
@@ -415,7 +417,8 @@ def attn_res_bwd_onepass_kernel(
                     x_next, t_mask & has_next, i + 1, g, u, lse, g_out, D, eps, count, slot_i, slot_s, slot_r,
                     slot_gv, g_out_exact, DEFER)
                 if NEED_DV:
-                    tl.store(dv_ptr + (dst + DV_STEP)[:, None] + d[None, :], dx.to(dv_ptr.dtype.element_ty), mask=mask & written[:, None])
+                    tl.store(dv_ptr + (dst + DV_STEP)[:, None] + d[None, :], dx.to(dv_ptr.dtype.element_ty),
+                             mask=mask & written[:, None])
                 if NEED_DU:
                     du += tl.sum(coef[:, None] * x_next, axis=0)  # x_next is 0 where masked
                     if DEFER:
@@ -436,7 +439,8 @@ def attn_res_bwd_onepass_kernel(
                 x2 = tl.load(v_ptr + (row0 + j2 * STRIDE_N)[:, None] + d[None, :], mask=ok2, other=0.0)
                 dx, coef = _grad_row(x, g, u, logit, rstd, gv, lse, g_out_exact, D)
                 if NEED_DV:
-                    tl.store(dv_ptr + (t * D + j * DV_STEP)[:, None] + d[None, :], dx.to(dv_ptr.dtype.element_ty), mask=ok)
+                    tl.store(dv_ptr + (t * D + j * DV_STEP)[:, None] + d[None, :], dx.to(dv_ptr.dtype.element_ty),
+                             mask=ok)
                 if NEED_DU:
                     du += tl.sum(coef[:, None] * x, axis=0)  # x is 0 where no row waits
                 x2 = x2.to(tl.float32)

@@ -28,7 +28,9 @@ MAX_WASTE = 1 / 8
 # features with registers capped at 128 (four programs per SM) measured fastest at D = 4096
 # (V=151936: 0.547 ms vs 0.593 ms for 8-warp 4 x 2048 tiles; Zipf 0.858 vs 1.046), and 2-row tiles
 # where the feature block is short (D = 768: 2 x 256, 0.068 ms vs 0.081); bench/NOTES.md, embedding v4.
+# Narrower rows (D < 256) stack rows up to 512 elements a tile, so no program holds a handful of them.
 CUDA_BWD_MAX_BLOCK_D = 1024
+CUDA_BWD_MIN_TILE_ELEMENTS = 512
 CUDA_BWD_WARPS = 4
 CUDA_BWD_MAX_REGISTERS = 128
 
@@ -76,7 +78,8 @@ def make_plan(target: Target, rows: int, dim: int, elem_size: int, *, backward: 
     cuda = target.vendor == "cuda" and not target.interpreted
     if cuda and backward:
         block_d = _block_d(dim, min_d, min(CUDA_BWD_MAX_BLOCK_D, largest))
-        block_rows = max(1, min(4 if block_d >= CUDA_BWD_MAX_BLOCK_D else 2, largest // block_d))
+        rows_wanted = 4 if block_d >= CUDA_BWD_MAX_BLOCK_D else max(2, CUDA_BWD_MIN_TILE_ELEMENTS // block_d)
+        block_rows = max(1, min(rows_wanted, largest // block_d))
         tiles = -(-max(rows, 1) // block_rows) * -(-max(dim, 1) // block_d)
         return Plan(block_rows=block_rows, block_d=block_d, grid=target.grid_size(tiles), num_warps=CUDA_BWD_WARPS,
                     max_registers=CUDA_BWD_MAX_REGISTERS)
