@@ -5,6 +5,7 @@ Usage: python -m bench.tune_attn_res"""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 
@@ -13,13 +14,15 @@ import triton.testing
 from torch._library.triton import set_wrap_triton_enabled
 
 from bench.common import measure_ceiling
-from fusedops.attn_res.kernels import attn_res_bwd_onepass_kernel
+from fusedops.attn_res import kernels as attn_res_kernels
+from fusedops.attn_res import op as attn_res_op
 from fusedops.attn_res.op import _backward, _forward, backward_plan
 from fusedops.attn_res.plan import make_plan
 from fusedops.launch import launch
 from fusedops.targets import cuda_target
 
 FORWARD = os.environ.get("TUNE_FORWARD", "1") == "1"  # TUNE_FORWARD=0: the backward only
+BACKWARD = os.environ.get("TUNE_BACKWARD", "1") == "1"  # TUNE_BACKWARD=0: the forward only
 # (warps, programs per SM, extra launch options) of the one-pass backward; DEFER=False is not exact (it
 # shows what the deferred rows cost), maxnreg caps registers so that two 8-warp programs fit an SM.
 # Run 6 (bench/NOTES.md) also timed 3 per SM and 16 warps: slower everywhere.
@@ -56,15 +59,19 @@ def sweep() -> None:
         fwd_bytes, bwd_bytes = (n + 1) * tokens * dim * 2, (2 * n + 1) * tokens * dim * 2
         case = f"N{n} T{tokens} D{dim}"
         base = make_plan(target, tokens, dim, 2, backward=False)
-        for block_t, warps, per_sm in ((2, 4, 0), (1, 4, 4), (2, 4, 2), (2, 4, 4)) if FORWARD else ():
-            if block_t * dim > 8192 and (block_t, warps) != (base.block_t, base.num_warps):
+        for block_t, warps, per_sm in ((2, 4, 0), (1, 4, 0), (1, 4, 4), (2, 8, 0), (4, 8, 0)) if FORWARD else ():
+            if block_t * dim > 16384 and (block_t, warps) != (base.block_t, base.num_warps):
                 continue
             blocks = -(-tokens // block_t)
             plan = dataclasses.replace(base, block_t=block_t, num_warps=warps,
                                        grid=min(blocks, per_sm * sms) if per_sm else blocks)
             same = (block_t, warps, plan.grid) == (base.block_t, base.num_warps, base.grid)
-            _time(f"fwd {case} bt{block_t} w{warps} grid {plan.grid}", lambda: _forward(v, q, w, 1e-6, target, plan),
-                  fwd_bytes, ceiling, same)
+            for name, kernel in _kernels("attn_res_fwd_kernel").items():
+                with _forward_kernel(kernel):
+                    _time(f"fwd {name} {case} bt{block_t} w{warps} grid {plan.grid}",
+                          lambda: _forward(v, q, w, 1e-6, target, plan), fwd_bytes, ceiling, same and name == "now")
+        if not BACKWARD:
+            continue
         out, lse = _forward(v, q, w, 1e-6, target)
         two_phase = backward_plan(target, tokens, dim, 2, one_pass=False)
         _time(f"bwd two-phase {case}", lambda: _backward(g, v, q, w, 1e-6, True, True, True, target), bwd_bytes,
@@ -73,13 +80,7 @@ def sweep() -> None:
         if not base.one_pass:
             print(f"bwd one-pass {case}: no one-pass plan (two-phase {two_phase})")
             continue
-        kernels = {"now": attn_res_bwd_onepass_kernel}
-        try:  # an earlier version of the kernels, when a comparison in the same process is wanted
-            from bench import _prev_attn_res_kernels as prev
-            kernels["prev"] = prev.attn_res_bwd_onepass_kernel
-        except ImportError:
-            pass
-        for name, kernel in kernels.items():
+        for name, kernel in _kernels("attn_res_bwd_onepass_kernel").items():
             for warps, per_sm, extra in ONE_PASS_CONFIGS[name]:
                 if warps * 32 * 32 < dim or warps * 32 * 8 > dim:  # 8..32 row elements per thread
                     continue
@@ -90,6 +91,28 @@ def sweep() -> None:
                       lambda: _onepass(kernel, g, v, q, w, out, lse, plan, extra), bwd_bytes, ceiling, same)
         del v, g, out
         torch.cuda.empty_cache()
+
+
+def _kernels(name: str) -> dict:
+    """{"now": the kernel, "prev": the same kernel of bench/_prev_attn_res_kernels.py (a copy of an
+    earlier kernels.py) when that file is present, for a comparison in the same process}."""
+    kernels = {"now": getattr(attn_res_kernels, name)}
+    try:
+        from bench import _prev_attn_res_kernels as prev
+        kernels["prev"] = getattr(prev, name)
+    except ImportError:
+        pass
+    return kernels
+
+
+@contextlib.contextmanager
+def _forward_kernel(kernel):
+    saved = attn_res_op.attn_res_fwd_kernel
+    attn_res_op.attn_res_fwd_kernel = kernel
+    try:
+        yield
+    finally:
+        attn_res_op.attn_res_fwd_kernel = saved
 
 
 def _onepass(kernel, g, v, q, w, out, lse, plan, extra):
