@@ -1,7 +1,9 @@
 """Sweep attn_res launch plans on a GPU (not part of `python -m bench`): times the forward and the
-one-pass backward kernels for each (block_t, num_warps, programs, unroll) around the planner's choice,
-plus the planner's two-phase backward for reference, so a plan change is backed by a measurement.
-Usage: python -m bench.tune_attn_res"""
+one-pass backward kernels for each (block_t, num_warps, programs per SM, launch options) around the
+planner's choice, plus the planner's two-phase backward for reference, so a plan change is backed by a
+measurement. With bench/_prev_attn_res_kernels.py present (a copy of an earlier kernels.py, never
+committed), each configuration is also timed with that version's kernel in the same process.
+Usage: python -m bench.tune_attn_res   (TUNE_FORWARD=0 / TUNE_BACKWARD=0 skip a direction)"""
 
 from __future__ import annotations
 
