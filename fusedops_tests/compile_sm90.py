@@ -4,11 +4,18 @@ test_kernels_compile.py, in a process without TRITON_INTERPRET (the interpreter 
 
 The op bodies run on CPU tensors with `launch` replaced by a recorder, so nothing executes: this
 checks what only a GPU compile would otherwise find (an fp64 scalar changing a loop-carried type, a
-layout-conversion crash at some tile shape) on a CPU-only CI machine."""
+layout-conversion crash at some tile shape) on a CPU-only CI machine. With --resources it also prints
+each launch's registers per thread and spill (stack) bytes.
+
+    PYTHONPATH=. python fusedops_tests/compile_sm90.py --resources"""
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
 import sys
+import tempfile
 
 import torch
 import triton
@@ -86,6 +93,19 @@ def run_ops() -> None:
         na._backward(out, lse, q, q, q, out, lse, *args)
 
 
+def resources(compiled) -> str:
+    """Registers per thread and stack bytes (spills) of a compiled kernel, read from its cubin by the
+    cuobjdump that ships with Triton. Inductor's signatures carry no divisibility or equal-to-1
+    specialisation, so a launch from eager code (which has them) can need fewer registers."""
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    found = re.search(r"REG:(\d+).*?STACK:(\d+)", usage)
+    return f"registers {found[1]}, stack {found[2]} bytes" if found else "resources unknown"
+
+
 def main() -> int:
     run_ops()
     failures = 0
@@ -98,8 +118,10 @@ def main() -> int:
         seen.add(key)
         options = {k: meta[k] for k in ("num_warps", "num_stages", "maxnreg") if k in meta}
         try:
-            triton.compile(ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32), options=options)
-            print("ok", kernel.fn.__name__, constexprs)
+            compiled = triton.compile(ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32),
+                                      options=options)
+            usage = resources(compiled) if "--resources" in sys.argv else ""
+            print("ok", kernel.fn.__name__, constexprs, options, usage)
         except Exception as e:  # noqa: BLE001 - report every kernel, then fail
             failures += 1
             print("FAILED", kernel.fn.__name__, constexprs, f"{type(e).__name__}: {e}")
