@@ -122,6 +122,7 @@ def sweep_bwd(cases=((151936, 4096, 16384), (131072, 4096, 16384), (32768, 768, 
 
     from bench.common import measure_ceiling
     from fusedops.embedding import op as emb_op
+    from fusedops.embedding import plan as emb_plan
     from fusedops.embedding.kernels import embedding_bwd_kernel
 
     ceiling = measure_ceiling(torch.device("cuda"))
@@ -144,8 +145,8 @@ def sweep_bwd(cases=((151936, 4096, 16384), (131072, 4096, 16384), (32768, 768, 
             perm, offsets = emb_op._run_offsets(idx, v)
             first = None
             for rows, block_d, warps, maxnreg in BWD_VARIANTS:
-                block_d = min(block_d, 256 if d % 512 else d)  # D = 768: 256-wide blocks, as the plan
-                grid = -(-v // rows) * -(-d // block_d)
+                block_d = emb_plan._block_d(d, 8, block_d)  # the plan's padding rule (D = 768: 256 wide)
+                grid = emb_plan.Plan(rows, block_d, 0, warps).tiles(v, d)  # one program per tile
                 gw = torch.empty(v, d, device="cuda", dtype=torch.bfloat16)
                 opts = dict(SCALE=False, BLOCK_R=rows, BLOCK_D=block_d, num_warps=warps,
                             **({"maxnreg": maxnreg} if maxnreg else {}))

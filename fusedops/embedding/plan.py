@@ -76,22 +76,22 @@ def make_plan(target: Target, rows: int, dim: int, elem_size: int, *, backward: 
         raise ValueError(f"embedding: an on-chip budget of {target.onchip_bytes} bytes cannot hold one aligned tile row")
     largest = prev_pow2(budget)
     cuda = target.vendor == "cuda" and not target.interpreted
+    max_registers = None
     if cuda and backward:
         block_d = _block_d(dim, min_d, min(CUDA_BWD_MAX_BLOCK_D, largest))
         rows_wanted = 4 if block_d >= CUDA_BWD_MAX_BLOCK_D else max(2, CUDA_BWD_MIN_TILE_ELEMENTS // block_d)
         block_rows = max(1, min(rows_wanted, largest // block_d))
-        tiles = -(-max(rows, 1) // block_rows) * -(-max(dim, 1) // block_d)
-        return Plan(block_rows=block_rows, block_d=block_d, grid=target.grid_size(tiles), num_warps=CUDA_BWD_WARPS,
-                    max_registers=CUDA_BWD_MAX_REGISTERS)
-    if cuda:
-        wanted = min(largest, max(CUDA_TILE_BYTES // elem_size, 1))
-        block_d = _block_d(dim, min_d, min(CUDA_MAX_BLOCK_D, wanted))
+        num_warps, max_registers = CUDA_BWD_WARPS, CUDA_BWD_MAX_REGISTERS
     else:
-        # Ascend and the interpreter: few, large tiles; the whole row when it fits the budget.
-        wanted = largest
-        block_d = _block_d(dim, min_d, largest)
-    block_rows = max(1, min(prev_pow2(max(1, wanted // block_d)), next_pow2(max(rows, 1))))
+        if cuda:
+            wanted = min(largest, max(CUDA_TILE_BYTES // elem_size, 1))
+            block_d = _block_d(dim, min_d, min(CUDA_MAX_BLOCK_D, wanted))
+        else:
+            # Ascend and the interpreter: few, large tiles; the whole row when it fits the budget.
+            wanted = largest
+            block_d = _block_d(dim, min_d, largest)
+        block_rows = max(1, min(prev_pow2(max(1, wanted // block_d)), next_pow2(max(rows, 1))))
+        num_warps = min(8, max(1, block_rows * block_d // 1024))
     tiles = -(-max(rows, 1) // block_rows) * -(-max(dim, 1) // block_d)
-    grid = target.grid_size(tiles)
-    num_warps = min(8, max(1, block_rows * block_d // 1024))
-    return Plan(block_rows=block_rows, block_d=block_d, grid=grid, num_warps=num_warps)
+    return Plan(block_rows=block_rows, block_d=block_d, grid=target.grid_size(tiles), num_warps=num_warps,
+                max_registers=max_registers)
