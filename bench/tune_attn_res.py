@@ -69,7 +69,7 @@ def sweep() -> None:
                                        grid=min(blocks, per_sm * sms) if per_sm else blocks)
             same = (block_t, warps, plan.grid) == (base.block_t, base.num_warps, base.grid)
             for name, kernel in _kernels("attn_res_fwd_kernel").items():
-                with _forward_kernel(kernel):
+                with _patched(attn_res_fwd_kernel=kernel):
                     _time(f"fwd {name} {case} bt{block_t} w{warps} grid {plan.grid}",
                           lambda: _forward(v, q, w, 1e-6, target, plan), fwd_bytes, ceiling, same and name == "now")
         if not BACKWARD:
@@ -90,7 +90,7 @@ def sweep() -> None:
                 same = (warps, plan.grid) == (base.num_warps, base.grid) and not extra and name == "now"
                 label = " ".join(f"{k}={v}" for k, v in extra.items())
                 _time(f"bwd one-pass {name} {case} w{warps} {per_sm}/SM {label}",
-                      lambda: _onepass(kernel, g, v, q, w, out, lse, plan, extra), bwd_bytes, ceiling, same)
+                      lambda: _onepass(kernel, g, v, q, w, out, lse, target, plan, extra), bwd_bytes, ceiling, same)
         del v, g, out
         torch.cuda.empty_cache()
 
@@ -108,25 +108,28 @@ def _kernels(name: str) -> dict:
 
 
 @contextlib.contextmanager
-def _forward_kernel(kernel):
-    saved = attn_res_op.attn_res_fwd_kernel
-    attn_res_op.attn_res_fwd_kernel = kernel
+def _patched(**names):
+    """Replace names of fusedops.attn_res.op (a kernel, `launch`) for the duration of the block."""
+    saved = {name: getattr(attn_res_op, name) for name in names}
+    for name, value in names.items():
+        setattr(attn_res_op, name, value)
     try:
         yield
     finally:
-        attn_res_op.attn_res_fwd_kernel = saved
+        for name, value in saved.items():
+            setattr(attn_res_op, name, value)
 
 
-def _onepass(kernel, g, v, q, w, out, lse, plan, extra):
-    """The one-pass backward kernel alone (no partial-sum reduction), with extra constexprs."""
-    n, tokens, dim = v.shape
-    dv = torch.empty_like(v)
-    partial = torch.empty(plan.grid, dim, device=v.device)
-    meta = dict(HAS_WEIGHT=True, HAS_DLSE=False, NEED_DV=True, NEED_DU=True, DEFER=True, UNROLL=plan.unroll,
-                BLOCK_T=plan.block_t, BLOCK_D=plan.block_d, num_warps=plan.num_warps)
-    launch(kernel, (plan.grid,), (g, g, out, lse, v, q, w, dv, partial),
-           (n, tokens, dim, 1, 1, dim, 0, 0, v.stride(0), tokens * dim, 1e-6), {**meta, **extra})
-    return dv, partial
+def _onepass(kernel, g, v, q, w, out, lse, target, plan, extra):
+    """The one-pass backward kernel alone, launched by the op's own _backward under `plan` with the
+    extra launch options merged in; the partial-sum reduction that follows it is not launched."""
+
+    def launch_extra(k, grid, tensors, scalars, meta):
+        if k is kernel:
+            launch(k, grid, tensors, scalars, {**meta, **extra})
+
+    with _patched(attn_res_bwd_onepass_kernel=kernel, launch=launch_extra):
+        return _backward(g, v, q, w, 1e-6, True, True, True, target, out, lse, None, plan)
 
 
 if __name__ == "__main__":
