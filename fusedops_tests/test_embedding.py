@@ -3,8 +3,6 @@ both launch plans under the Triton interpreter (CPU CI), and on real kernels whe
 
 from __future__ import annotations
 
-import dataclasses
-
 
 import pytest
 import torch
@@ -18,6 +16,7 @@ from fusedops.embedding.kernels import embedding_bwd_kernel, embedding_fwd_kerne
 from fusedops.embedding.plan import make_plan
 from fusedops.targets import ascend_target, cuda_target
 
+from .compile_sm90 import H100
 from .helpers import _env
 from .helpers import (
     DTYPES,
@@ -389,11 +388,10 @@ def test_cuda_backward_plan_is_the_measured_one(V, D, shape):
     """The H100 backward plan (bench/NOTES.md, embedding v4): 4-warp programs, registers capped at 128
     so four fit an SM, 4 x 1024 tiles (2 rows where the feature block is shorter, at least 512
     elements a tile for narrow rows), one program per tile."""
-    h100 = dataclasses.replace(cuda_target(interpreted=True), vector_cores=132, interpreted=False)
-    p = make_plan(h100, V, D, 2, backward=True)
+    p = make_plan(H100, V, D, 2, backward=True)
     assert (p.block_rows, p.block_d, p.num_warps, p.max_registers) == (*shape, 4, 128)
     assert p.grid == p.tiles(V, D)
-    assert make_plan(h100, 4096, D, 2, backward=False).max_registers is None
+    assert make_plan(H100, 4096, D, 2, backward=False).max_registers is None
 
 
 # ----- real kernels on a GPU ------------------------------------------------------------------------
