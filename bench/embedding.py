@@ -106,17 +106,17 @@ def sweep(cases=((151936, 4096, 16384), (32768, 768, 16384))) -> None:
     emb_plan.CUDA_TILE_BYTES, emb_plan.CUDA_MAX_BLOCK_D = saved
 
 
-# Backward-kernel tile variants: (rows, features, warps, register cap); one program per tile.
+# Backward-kernel tile variants: (rows, features, warps, register cap); one program per work item.
 BWD_VARIANTS = [
-    (4, 2048, 8, None), (4, 2048, 8, 128), (4, 1024, 4, None), (4, 1024, 4, 128), (4, 512, 4, None),
-    (8, 512, 4, None), (2, 1024, 4, None), (2, 1024, 2, None), (4, 512, 2, None), (8, 1024, 8, None),
-    (2, 2048, 8, None),
+    (4, 1024, 4, 128), (4, 1024, 4, None), (8, 1024, 4, None), (8, 1024, 8, None), (16, 1024, 8, None),
+    (4, 2048, 8, None), (8, 512, 4, None), (16, 512, 4, None), (2, 1024, 4, None), (4, 512, 2, None),
 ]
 
 
-def sweep_bwd(cases=((151936, 4096, 16384), (131072, 4096, 16384), (32768, 768, 16384))) -> None:
-    """Backward-kernel tile variants (tile shape, warps, register cap), kernel-only, uniform
-    and Zipf(1.1) indices; each variant's result checked bitwise against the first's.
+def sweep_bwd(cases=((151936, 4096, 16384), (131072, 4096, 16384), (50257, 1600, 8192), (32768, 768, 16384))) -> None:
+    """Backward-kernel tile variants (tile shape, warps, register cap), kernel-only, uniform and
+    Zipf(1.1) indices, each result checked bitwise against the first; with bench/_prev_embedding_kernels.py
+    present (an earlier kernels.py, untracked), its backward under its own plan is timed in the same process.
     python -c "from bench.embedding import sweep_bwd; sweep_bwd()" """
     import triton.testing
 
@@ -125,6 +125,10 @@ def sweep_bwd(cases=((151936, 4096, 16384), (131072, 4096, 16384), (32768, 768, 
     from fusedops.embedding import plan as emb_plan
     from fusedops.embedding.kernels import embedding_bwd_kernel
 
+    try:
+        from bench._prev_embedding_kernels import embedding_bwd_kernel as prev_kernel
+    except ImportError:
+        prev_kernel = None
     ceiling = measure_ceiling(torch.device("cuda"))
     print(f"sweep_bwd copy ceiling {ceiling:.3f} TB/s")
     for v, d, tokens in cases:
@@ -142,21 +146,31 @@ def sweep_bwd(cases=((151936, 4096, 16384), (131072, 4096, 16384), (32768, 768, 
               f"{v * d * 2 / ms / 1e9:.3f} TB/s", flush=True)
         del zeros
         for dist, idx in indices.items():
-            perm, offsets = emb_op._run_offsets(idx, v)
+            keys, perm, offsets = emb_op._sorted_runs(idx, v)
+            ms = triton.testing.do_bench(lambda: emb_op._sorted_runs(idx, v), return_mode="median")
+            print(f"sweep_bwd {v},{d},{tokens} {dist} sort + offsets {ms:.4f} ms", flush=True)
             first = None
+            runs = []
+            if prev_kernel is not None:
+                gw = torch.empty(v, d, device="cuda", dtype=torch.bfloat16)
+                grid = emb_plan.Plan(4, emb_plan._block_d(d, 8, 1024), 0, 4).tiles(v, d)
+                opts = dict(SCALE=False, BLOCK_R=4 if d >= 1024 else 2, BLOCK_D=emb_plan._block_d(d, 8, 1024),
+                            num_warps=4, maxnreg=128)
+                runs.append(("previous kernel", gw, lambda gw=gw, grid=grid, opts=opts: prev_kernel[(grid,)](
+                    g, perm, offsets, gw, v, d, d, 1, -1, **opts)))
             for rows, block_d, warps, maxnreg in BWD_VARIANTS:
                 block_d = emb_plan._block_d(d, 8, block_d)  # the plan's padding rule (D = 768: 256 wide)
-                grid = emb_plan.Plan(rows, block_d, 0, warps).tiles(v, d)  # one program per tile
+                grid = emb_plan.Plan(rows, block_d, 0, warps).tiles(v, d) + tokens * -(-d // block_d)
                 gw = torch.empty(v, d, device="cuda", dtype=torch.bfloat16)
                 opts = dict(SCALE=False, BLOCK_R=rows, BLOCK_D=block_d, num_warps=warps,
                             **({"maxnreg": maxnreg} if maxnreg else {}))
-
-                def run():
-                    embedding_bwd_kernel[(grid,)](g, perm, offsets, gw, v, d, d, 1, -1, **opts)
-
+                runs.append((f"{rows}x{block_d} w{warps} maxnreg={maxnreg}", gw,
+                             lambda gw=gw, grid=grid, opts=opts: embedding_bwd_kernel[(grid,)](
+                                 g, keys, perm, offsets, gw, v, d, tokens, d, 1, -1, **opts)))
+            for name, gw, run in runs:
                 run()
                 same = first is None or torch.equal(first, gw)
                 first = gw if first is None else first
                 ms = triton.testing.do_bench(run, return_mode="median")
-                print(f"sweep_bwd {v},{d},{tokens} {dist} {rows}x{block_d} w{warps} maxnreg={maxnreg}: {ms:.4f} ms "
+                print(f"sweep_bwd {v},{d},{tokens} {dist} {name}: {ms:.4f} ms "
                       f"{100 * nbytes / ms / 1e9 / ceiling:.0f}%{'' if same else ' DIFFERENT RESULT'}", flush=True)

@@ -217,11 +217,11 @@ def test_kernels_mask_out_of_range_indices(plan, tiled, request, monkeypatch):
         assert torch.equal(emb_op._forward(weight, indices, target), expected)
         # Backward into a guarded grad_weight.
         grad_out = torch.randn(indices.numel(), D)
-        perm, offsets = emb_op._run_offsets(indices, V)
+        keys, perm, offsets = emb_op._sorted_runs(indices, V)
         gw, intact = _guarded((V, D), torch.float32)
-        p = make_plan(target, V, D, 4, backward=True)
+        p = make_plan(target, V, D, 4, backward=True, tokens=indices.numel())
         embedding_bwd_kernel[(p.grid,)](
-            grad_out, perm, offsets, gw, V, D, grad_out.stride(0), grad_out.stride(1), -1,
+            grad_out, keys, perm, offsets, gw, V, D, indices.numel(), grad_out.stride(0), grad_out.stride(1), -1,
             SCALE=True, BLOCK_R=p.block_rows, BLOCK_D=p.block_d,
         )
         assert intact(), "backward wrote outside grad_weight"
@@ -382,15 +382,16 @@ def test_plans_fit_targets(V, D, elem):
     assert p.grid == ascend.vector_cores  # persistent: one program per vector core, grid-stride loop
 
 
-@pytest.mark.parametrize("V, D, shape", [(151936, 4096, (4, 1024)), (32768, 768, (2, 256)), (50257, 1600, (2, 256)),
-                                         (10**6, 7, (64, 8)), (1000, 100, (32, 16))])
-def test_cuda_backward_plan_is_the_measured_one(V, D, shape):
-    """The H100 backward plan (bench/NOTES.md, embedding v4): 4-warp programs, registers capped at 128
-    so four fit an SM, 4 x 1024 tiles (2 rows where the feature block is shorter, at least 512
-    elements a tile for narrow rows), one program per tile."""
-    p = make_plan(H100, V, D, 2, backward=True)
-    assert (p.block_rows, p.block_d, p.num_warps, p.max_registers) == (*shape, 4, 128)
-    assert p.grid == p.tiles(V, D)
+@pytest.mark.parametrize("V, D, shape, warps, cap", [
+    (151936, 4096, (4, 1024), 4, 128), (32768, 768, (4, 256), 2, None), (50257, 1600, (4, 256), 2, None),
+    (10**6, 7, (64, 8), 2, None), (1000, 100, (32, 16), 2, None)])
+def test_cuda_backward_plan_is_the_measured_one(V, D, shape, warps, cap):
+    """The H100 backward plan (bench/NOTES.md, embedding v5): 4-row tiles (at least 512 elements for
+    narrow rows); 1024-wide feature blocks on 4 warps with registers capped at 128, shorter ones on 2
+    warps uncapped; one program per work item: the run items (tokens x feature blocks), then the tiles."""
+    p = make_plan(H100, V, D, 2, backward=True, tokens=3000)
+    assert (p.block_rows, p.block_d, p.num_warps, p.max_registers) == (*shape, warps, cap)
+    assert p.grid == p.tiles(V, D) + 3000 * -(-D // p.block_d)
     assert make_plan(H100, 4096, D, 2, backward=False).max_registers is None
 
 

@@ -6,8 +6,8 @@ program per vector core and each loops over its share. Tiles are (rows x feature
 splits into (row block, feature block) with the feature block fastest, so neighbouring programs
 share the same indices. Every offset is int64, so tokens x D and V x stride never overflow.
 
-Only masked tl.load / tl.store, tl.where, tl.sum / tl.max and loops over range: the kernels run
-unchanged under the Triton interpreter and triton-ascend.
+Only tl.load / tl.store, tl.where, scalar branches and loops over range: the kernels run unchanged
+under the Triton interpreter and triton-ascend.
 """
 
 import triton
@@ -44,55 +44,72 @@ def embedding_fwd_kernel(
 
 @triton.jit
 def embedding_bwd_kernel(
-    g_ptr, perm_ptr, offs_ptr, gw_ptr,
-    V, D, G_S0, G_S1, PAD,
+    g_ptr, keys_ptr, perm_ptr, offs_ptr, gw_ptr,
+    V, D, N, G_S0, G_S1, PAD,
     SCALE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    """grad_weight[v, d] = s_v * sum_k grad_out[perm[offs[v] + k], d], k < offs[v + 1] - offs[v].
+    """grad_weight[v, d] = s_v * sum over tokens t with idx[t] == v of grad_out[t, d], in token order.
 
-    perm lists the token positions sorted (stably) by index, offs[v] is where index v's run starts
-    in that order. Each tile of BLOCK_R rows x BLOCK_D features sums its rows' runs in fp32, one
-    run in token order, then stores the tile once: rows no token names (and the
-    PAD row) are stored as zeros in the same store, so grad_weight needs no memset, every element is
-    written exactly once, and the result does not depend on scheduling (no atomics).
+    keys: the N indices sorted stably (out-of-range ones clamped to -1 or V); perm: the token
+    positions in that order; offs[v]: where index v's run starts in it ([V + 1]). One grid-stride loop
+    walks two kinds of work item, so grad_weight is written exactly once in one launch, with no memset
+    and no atomics (the bits do not depend on scheduling):
+    - run items first (N sorted positions x feature blocks): a position that starts the run of an
+      in-range, non-padding index sums the run's gradient rows in fp32, in token order, and stores
+      that row; any other position does nothing;
+    - then zero items (BLOCK_R rows x BLOCK_D features): zeros go to the rows no token names and to
+      the padding row.
+    Zero tiles, nearly all of grad_weight, wait on one load of offsets (just written, in L2) and carry
+    no gathers, so they stay light and many are in flight per SM; the gathers' latency is paid only
+    by the rows that have tokens.
     """
     pid = tl.program_id(0)
     d_blocks = tl.cdiv(D, BLOCK_D)
-    num_tiles = tl.cdiv(V, BLOCK_R) * d_blocks
-    for tile in range(pid, num_tiles, tl.num_programs(0)):
-        rb = tile // d_blocks
-        db = tile - rb * d_blocks
-        # Row vectors are kept as [BLOCK_R, 1] columns: every tensor in the loop is 2D, so all share
-        # one layout (1D row vectors beside 2D tiles trip a layout-conversion bug in Triton 3.6/3.7).
-        r = rb.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
-        r_mask = r < V
-        start = tl.load(offs_ptr + r, mask=r_mask, other=0)
-        stop = tl.load(offs_ptr + r + 1, mask=r_mask, other=0)
-        stop = tl.where(r == PAD, start, stop)  # the padding row's run is empty
-        d = db.to(tl.int64) * BLOCK_D + tl.arange(0, BLOCK_D)[None, :]
-        d_mask = d < D
-        cols = d * G_S1
-        acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
-        # Four tokens per row per step, their loads issued before the adds (a row named by many tokens
-        # keeps four gathers in flight); the adds stay in token order, so the bits do not depend on it.
-        for k in range(0, tl.max(tl.max(stop - start, axis=1), axis=0), 4):
-            p0 = start + k
-            h0 = p0 < stop
-            h1 = p0 + 1 < stop
-            h2 = p0 + 2 < stop
-            h3 = p0 + 3 < stop
-            t0 = tl.load(perm_ptr + p0, mask=h0, other=0).to(tl.int64)
-            t1 = tl.load(perm_ptr + p0 + 1, mask=h1, other=0).to(tl.int64)
-            t2 = tl.load(perm_ptr + p0 + 2, mask=h2, other=0).to(tl.int64)
-            t3 = tl.load(perm_ptr + p0 + 3, mask=h3, other=0).to(tl.int64)
-            g0 = tl.load(g_ptr + t0 * G_S0 + cols, mask=h0 & d_mask, other=0.0)
-            g1 = tl.load(g_ptr + t1 * G_S0 + cols, mask=h1 & d_mask, other=0.0)
-            g2 = tl.load(g_ptr + t2 * G_S0 + cols, mask=h2 & d_mask, other=0.0)
-            g3 = tl.load(g_ptr + t3 * G_S0 + cols, mask=h3 & d_mask, other=0.0)
-            acc += g0.to(tl.float32)
-            acc += g1.to(tl.float32)
-            acc += g2.to(tl.float32)
-            acc += g3.to(tl.float32)
-        if SCALE:
-            acc = acc / tl.maximum(stop - start, 1).to(tl.float32)
-        tl.store(gw_ptr + r * D + d, acc.to(gw_ptr.dtype.element_ty), mask=r_mask & d_mask)
+    run_items = N * d_blocks
+    items = run_items + tl.cdiv(V, BLOCK_R) * d_blocks
+    # Every tensor is 2D ([1, BLOCK_D] rows, [BLOCK_R, 1] columns): 1D vectors beside 2D tiles trip a
+    # layout-conversion bug in Triton 3.6/3.7. Scalar loads clamp their address instead of masking:
+    # triton-ascend 3.2's interpreter ignores a one-element False mask.
+    for item in range(pid, items, tl.num_programs(0)):
+        if item < run_items:
+            pos = item // d_blocks
+            d = (item - pos * d_blocks).to(tl.int64) * BLOCK_D + tl.arange(0, BLOCK_D)[None, :]
+            d_mask = d < D
+            key = tl.load(keys_ptr + pos).to(tl.int64)
+            prev = tl.load(keys_ptr + tl.maximum(pos - 1, 0)).to(tl.int64)
+            starts = ((pos == 0) | (key != prev)) & (key >= 0) & (key < V) & (key != PAD)
+            stop = tl.load(offs_ptr + tl.minimum(tl.maximum(key + 1, 0), V))
+            stop = tl.where(starts, stop, pos)
+            cols = d * G_S1
+            acc = tl.zeros([1, BLOCK_D], dtype=tl.float32)
+            # Four tokens per step, their loads issued before the adds (a row named by many tokens keeps
+            # four gathers in flight); the adds stay in token order.
+            for p0 in range(pos, stop, 4):
+                t0 = tl.load(perm_ptr + p0).to(tl.int64)
+                t1 = tl.load(perm_ptr + tl.minimum(p0 + 1, N - 1)).to(tl.int64)
+                t2 = tl.load(perm_ptr + tl.minimum(p0 + 2, N - 1)).to(tl.int64)
+                t3 = tl.load(perm_ptr + tl.minimum(p0 + 3, N - 1)).to(tl.int64)
+                g0 = tl.load(g_ptr + t0 * G_S0 + cols, mask=d_mask, other=0.0)
+                g1 = tl.load(g_ptr + t1 * G_S0 + cols, mask=d_mask & (p0 + 1 < stop), other=0.0)
+                g2 = tl.load(g_ptr + t2 * G_S0 + cols, mask=d_mask & (p0 + 2 < stop), other=0.0)
+                g3 = tl.load(g_ptr + t3 * G_S0 + cols, mask=d_mask & (p0 + 3 < stop), other=0.0)
+                acc += g0.to(tl.float32)
+                acc += g1.to(tl.float32)
+                acc += g2.to(tl.float32)
+                acc += g3.to(tl.float32)
+            if SCALE:
+                acc = acc / tl.maximum(stop - pos, 1).to(tl.float32)
+            tl.store(gw_ptr + key * D + d, acc.to(gw_ptr.dtype.element_ty), mask=d_mask & starts)
+        else:
+            # Names differ from the run branch's: Triton requires a name bound in both branches to have
+            # one type.
+            tile = item - run_items
+            rb = tile // d_blocks
+            cols_z = (tile - rb * d_blocks).to(tl.int64) * BLOCK_D + tl.arange(0, BLOCK_D)[None, :]
+            rows = rb.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
+            in_range = rows < V
+            first = tl.load(offs_ptr + rows, mask=in_range, other=0)
+            last = tl.load(offs_ptr + rows + 1, mask=in_range, other=0)
+            empty = (first == last) | (rows == PAD)
+            zeros = tl.zeros([BLOCK_R, BLOCK_D], dtype=gw_ptr.dtype.element_ty)
+            tl.store(gw_ptr + rows * D + cols_z, zeros, mask=in_range & empty & (cols_z < D))

@@ -23,17 +23,17 @@ BACKWARD_FIXED_BYTES = 16
 CUDA_TILE_BYTES = 16 * 1024
 CUDA_MAX_BLOCK_D = 1024
 MAX_WASTE = 1 / 8
-# The backward writes V x D once and is latency-bound (each tile waits on its run offsets, then on its
-# gathers), so what counts is how many tiles an SM holds at once: 4-warp programs of 4 rows x <= 1024
-# features with registers capped at 128 (four programs per SM) measured fastest at D = 4096
-# (V=151936: 0.547 ms vs 0.593 ms for 8-warp 4 x 2048 tiles; Zipf 0.858 vs 1.046), and 2-row tiles
-# where the feature block is short (D = 768: 2 x 256, 0.068 ms vs 0.081); bench/NOTES.md, embedding v4.
-# Narrower rows (D < 256) stack rows up to 512 elements a tile, so no program holds a handful of them.
+# The backward writes V x D once. Its zero tiles (nearly all of it) wait on one load of run offsets and
+# store; its run items gather. H100 sweep (bench/NOTES.md, embedding v5): 4-row tiles; 4 warps with
+# registers capped at 128 for 1024-wide feature blocks (uncapped, a Zipf batch's hot rows ran 1.8x
+# slower), 2 warps and no cap for shorter blocks (the cap cost D = 768 and 1600 up to 80%).
 CUDA_BWD_MAX_BLOCK_D = 1024
+CUDA_BWD_ROWS = 4
+# Narrow rows (D < 128) stack more rows, at least 512 elements a tile, so no program holds a handful.
 CUDA_BWD_MIN_TILE_ELEMENTS = 512
 CUDA_BWD_WARPS = 4
+CUDA_BWD_NARROW_WARPS = 2
 CUDA_BWD_MAX_REGISTERS = 128
-
 
 def next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
@@ -67,8 +67,9 @@ def _block_d(dim: int, min_d: int, max_d: int) -> int:
     return block
 
 
-def make_plan(target: Target, rows: int, dim: int, elem_size: int, *, backward: bool) -> Plan:
-    """rows: tokens (forward) or vocabulary rows V (backward); dim: D; elem_size: weight bytes."""
+def make_plan(target: Target, rows: int, dim: int, elem_size: int, *, backward: bool, tokens: int = 0) -> Plan:
+    """rows: tokens (forward) or vocabulary rows V (backward); dim: D; elem_size: weight bytes;
+    tokens (backward): the run items, one row x block_d each, that come before the zero tiles."""
     per_element = (BACKWARD_FIXED_BYTES + elem_size) if backward else (FORWARD_FIXED_BYTES + 2 * elem_size)
     budget = target.onchip_bytes // per_element  # tile elements that fit on chip
     min_d = max(1, target.row_align // elem_size)
@@ -79,9 +80,12 @@ def make_plan(target: Target, rows: int, dim: int, elem_size: int, *, backward: 
     max_registers = None
     if cuda and backward:
         block_d = _block_d(dim, min_d, min(CUDA_BWD_MAX_BLOCK_D, largest))
-        rows_wanted = 4 if block_d >= CUDA_BWD_MAX_BLOCK_D else max(2, CUDA_BWD_MIN_TILE_ELEMENTS // block_d)
+        rows_wanted = max(CUDA_BWD_ROWS, CUDA_BWD_MIN_TILE_ELEMENTS // block_d)
         block_rows = max(1, min(rows_wanted, largest // block_d))
-        num_warps, max_registers = CUDA_BWD_WARPS, CUDA_BWD_MAX_REGISTERS
+        if block_d >= CUDA_BWD_MAX_BLOCK_D:
+            num_warps, max_registers = CUDA_BWD_WARPS, CUDA_BWD_MAX_REGISTERS
+        else:
+            num_warps = CUDA_BWD_NARROW_WARPS
     else:
         if cuda:
             wanted = min(largest, max(CUDA_TILE_BYTES // elem_size, 1))
@@ -93,5 +97,7 @@ def make_plan(target: Target, rows: int, dim: int, elem_size: int, *, backward: 
         block_rows = max(1, min(prev_pow2(max(1, wanted // block_d)), next_pow2(max(rows, 1))))
         num_warps = min(8, max(1, block_rows * block_d // 1024))
     tiles = -(-max(rows, 1) // block_rows) * -(-max(dim, 1) // block_d)
+    if backward:
+        tiles += tokens * -(-max(dim, 1) // block_d)
     return Plan(block_rows=block_rows, block_d=block_d, grid=target.grid_size(tiles), num_warps=num_warps,
                 max_registers=max_registers)
