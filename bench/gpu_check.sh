@@ -5,7 +5,8 @@
 #   STEPS="host tune tests bench" OPS="attn_res embedding" TEST_S=200 BENCH_S=330 bash bench/gpu_check.sh
 # STEPS (default "tests bench"): host = bench.host (host overhead vs GPU time), tune = bench.tune_attn_res
 # (attn_res plan sweep), embtune = embedding backward-kernel variants, natune =
-# bench.tune_neighborhood_attention, tests = the GPU tests, lm = the example model, bench = python -m bench.
+# bench.tune_neighborhood_attention, breakdown = bench.breakdown (device time per kernel of a fwd+bwd step),
+# tests = the GPU tests, lm = the example model, bench = python -m bench.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-logs}
@@ -27,6 +28,9 @@ for step in ${STEPS:-tests bench}; do
     embtune)
       timeout "${EMBTUNE_S:-150}" python3 -c "from bench.embedding import sweep_bwd; sweep_bwd()" > "$OUT/embtune.txt" 2>&1
       echo "embtune (exit $?):"; cat "$OUT/embtune.txt" ;;
+    breakdown)
+      timeout "${BREAKDOWN_S:-150}" python3 -m bench.breakdown ${OPS:-} > "$OUT/breakdown.txt" 2>&1
+      echo "breakdown (exit $?):"; cat "$OUT/breakdown.txt" ;;
     natune)
       timeout "${NATUNE_S:-150}" python3 -m bench.tune_neighborhood_attention > "$OUT/natune.txt" 2>&1
       echo "natune (exit $?):"; cat "$OUT/natune.txt" ;;

@@ -105,11 +105,21 @@ def make_plan(target: Target, tokens: int, dim: int, elem_size: int, *, backward
                 one_pass=one_pass)
 
 
+# The partial-sum reduction is latency-bound (a few MB, just written, in L2): on CUDA, narrow feature
+# blocks give many programs, and tall program blocks few dependent steps each.
+CUDA_REDUCE_BLOCK_D = 32
+CUDA_REDUCE_MAX_BLOCK_P = 256
+REDUCE_BLOCK_D = 256
+REDUCE_MAX_BLOCK_P = 64
+
+
 def reduce_plan(target: Target, dim: int, programs: int) -> tuple[int, int, int]:
     """(BLOCK_D, BLOCK_P, grid) for summing the backward's [programs, dim] partial sums."""
-    block_d = min(next_pow2(dim), 256 if not target.interpreted else 4096)
-    block_d = max(block_d, max(1, target.row_align // 4))
+    cuda = target.vendor == "cuda" and not target.interpreted
+    widest = 4096 if target.interpreted else CUDA_REDUCE_BLOCK_D if cuda else REDUCE_BLOCK_D
+    block_d = max(min(next_pow2(dim), widest), max(1, target.row_align // 4))
     budget = max(1, target.onchip_bytes // (8 * block_d))
-    block_p = max(1, min(prev_pow2(budget), next_pow2(programs), 64))
+    tallest = CUDA_REDUCE_MAX_BLOCK_P if cuda else REDUCE_MAX_BLOCK_P
+    block_p = max(1, min(prev_pow2(budget), next_pow2(programs), tallest))
     grid = target.grid_size(-(-dim // block_d))
     return block_d, block_p, grid
