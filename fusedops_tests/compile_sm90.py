@@ -5,9 +5,11 @@ test_kernels_compile.py, in a process without TRITON_INTERPRET (the interpreter 
 The op bodies run on CPU tensors with `launch` replaced by a recorder, so nothing executes: this
 checks what only a GPU compile would otherwise find (an fp64 scalar changing a loop-carried type, a
 layout-conversion crash at some tile shape) on a CPU-only CI machine. With --resources it also prints
-each launch's registers per thread and spill (stack) bytes.
+each launch's registers per thread and spill (stack) bytes. With --eager it compiles each launch as an
+eager launch specialises it instead (pointers and multiples of 16 marked divisible by 16, ints equal
+to 1 made constants): the register counts of the launches the op makes outside torch.compile.
 
-    PYTHONPATH=. python fusedops_tests/compile_sm90.py --resources"""
+    PYTHONPATH=. python fusedops_tests/compile_sm90.py --resources [--eager]"""
 
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ def record(kernel, grid, tensors, scalars, meta):
     launches.append((kernel, tuple(tensors), tuple(scalars), dict(meta)))
 
 
-def inductor_signature(kernel, tensors, scalars, meta) -> tuple[dict, dict]:
+def inductor_signature(kernel, tensors, scalars, meta) -> tuple[dict, dict, dict]:
     values = list(tensors) + list(scalars)
     signature, constexprs = {}, {}
     for i, name in enumerate(kernel.arg_names):
@@ -56,7 +58,22 @@ def inductor_signature(kernel, tensors, scalars, meta) -> tuple[dict, dict]:
             signature[name] = "i32" if -2**31 <= x < 2**31 else "i64"
         else:
             signature[name] = "fp64"  # Inductor's type for a Python float argument
-    return signature, constexprs
+    return signature, constexprs, {}
+
+
+def eager_signature(kernel, tensors, scalars, meta) -> tuple[dict, dict, dict]:
+    """The signature of an eager launch: Triton's own specialisation of pointers and integers."""
+    signature, constexprs, attrs = inductor_signature(kernel, tensors, scalars, meta)
+    values = list(tensors) + list(scalars)
+    for i, name in enumerate(kernel.arg_names[: len(values)]):
+        x = values[i]
+        if isinstance(x, bool) or not isinstance(x, (int, torch.Tensor)):
+            continue
+        if isinstance(x, int) and x == 1:
+            signature[name], constexprs[name] = "constexpr", 1
+        elif isinstance(x, torch.Tensor) or x % 16 == 0:
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    return signature, constexprs, attrs
 
 
 def run_ops() -> None:
@@ -111,14 +128,15 @@ def main() -> int:
     failures = 0
     seen = set()
     for kernel, tensors, scalars, meta in launches:
-        signature, constexprs = inductor_signature(kernel, tensors, scalars, meta)
+        signature, constexprs, attrs = (eager_signature if "--eager" in sys.argv else inductor_signature)(
+            kernel, tensors, scalars, meta)
         key = (kernel.fn.__name__, tuple(signature.items()), tuple(constexprs.items()))
         if key in seen:
             continue
         seen.add(key)
         options = {k: meta[k] for k in ("num_warps", "num_stages", "maxnreg") if k in meta}
         try:
-            compiled = triton.compile(ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32),
+            compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
                                       options=options)
             usage = resources(compiled) if "--resources" in sys.argv else ""
             print("ok", kernel.fn.__name__, constexprs, options, usage)
