@@ -174,8 +174,9 @@ def embedding_backward_op(
     grad_out: Tensor, indices: Tensor, num_weights: int, padding_idx: Optional[int], scale_grad_by_freq: bool
 ) -> Tensor:
     """The weight gradient of embedding, [num_weights, D] in grad_out's dtype. Deterministic: a
-    stable sort of the indices, then each tile of grad_weight sums its rows' runs in fp32 in token
-    order and is written exactly once (zeros included). Out-of-range indices contribute nothing."""
+    stable sort of the indices, then one launch sums each run of equal indices in fp32 in token order
+    and stores its row, and stores zeros to the rows no index names: every row written exactly once,
+    no atomics. Out-of-range indices contribute nothing."""
     pad = check_backward_args(grad_out, indices, num_weights, padding_idx)
     return _run_backward(grad_out, indices, num_weights, pad, scale_grad_by_freq)
 

@@ -26,7 +26,8 @@ MAX_WASTE = 1 / 8
 # The backward writes V x D once. Its zero tiles (nearly all of it) wait on one load of run offsets and
 # store; its run items gather. H100 sweep (bench/NOTES.md, embedding v5): 4-row tiles; 4 warps with
 # registers capped at 128 for 1024-wide feature blocks (uncapped, a Zipf batch's hot rows ran 1.8x
-# slower), 2 warps and no cap for shorter blocks (the cap cost D = 768 and 1600 up to 80%).
+# slower), 2 warps and no cap for shorter blocks (at D = 768 and 1600 the capped 4-warp plan ran 1.7-1.8x
+# slower).
 CUDA_BWD_MAX_BLOCK_D = 1024
 CUDA_BWD_ROWS = 4
 # Narrow rows (D < 128) stack more rows, at least 512 elements a tile, so no program holds a handful.
@@ -34,6 +35,7 @@ CUDA_BWD_MIN_TILE_ELEMENTS = 512
 CUDA_BWD_WARPS = 4
 CUDA_BWD_NARROW_WARPS = 2
 CUDA_BWD_MAX_REGISTERS = 128
+
 
 def next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
