@@ -7,7 +7,6 @@ fusedops fwd+bwd step (averaged over 10 steps), in microseconds, and their sum: 
 from __future__ import annotations
 
 import sys
-from collections import defaultdict
 
 import torch
 
@@ -15,6 +14,7 @@ import fusedops
 from bench import attn_res as bench_attn_res
 from bench import embedding as bench_embedding
 from bench import neighborhood_attention as bench_na
+from bench.common import gpu_kernel_times_us
 
 REPS = 10
 
@@ -41,29 +41,14 @@ def steps(ops):
                    lambda q, k, v, kernel=kernel: fusedops.neighborhood_attention(q, k, v, kernel))
 
 
-def breakdown(fn) -> dict:
-    fn()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(REPS):
-            fn()
-        torch.cuda.synchronize()
-    times = defaultdict(float)
-    for event in prof.key_averages():
-        if event.device_type.name == "CUDA":
-            total = getattr(event, "device_time_total", 0.0) or getattr(event, "cuda_time_total", 0.0)
-            times[event.key[:70]] += total / REPS
-    return times
-
-
 def main(ops) -> None:
     for name, inputs, fn in steps(ops):
         req = [t for t in inputs if t.is_floating_point()]
         go = torch.randn_like(fn(*inputs))
-        times = breakdown(lambda: torch.autograd.grad(fn(*inputs), req, go))
+        times = gpu_kernel_times_us(lambda: torch.autograd.grad(fn(*inputs), req, go), REPS)
         print(f"{name}: {sum(times.values()):.1f} us per fwd+bwd step")
         for kernel, us in sorted(times.items(), key=lambda kv: -kv[1]):
-            print(f"  {us:8.1f} us  {kernel}")
+            print(f"  {us:8.1f} us  {kernel[:70]}")
         torch.cuda.empty_cache()
 
 

@@ -237,22 +237,29 @@ def optional_import(name: str):
         raise ImportError(f"{name} not importable ({type(e).__name__}: {e})") from e
 
 
-def gpu_time_ms(fn: Callable[[], Any], reps: int = 10) -> float:
-    """Milliseconds of device work per call of fn: the sum of every kernel, copy and memset the
-    profiler records, over `reps` calls. For steps whose eager launches are host-bound this is what
-    the GPU does, without the host overhead (CUDA-graph capture would show the same, but a provider
-    that syncs inside would poison the capture state of the rest of the run)."""
+def gpu_kernel_times_us(fn: Callable[[], Any], reps: int = 10) -> dict:
+    """Microseconds of device work per call of fn, by kernel (every kernel, copy and memset the
+    profiler records, keyed by its name), averaged over `reps` calls after one warm-up call."""
     fn()
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
             fn()
         torch.cuda.synchronize()
-    total_us = 0.0
+    times: dict = {}
     for event in prof.key_averages():
         if event.device_type.name == "CUDA":
-            total_us += getattr(event, "device_time_total", 0.0) or getattr(event, "cuda_time_total", 0.0)
-    return total_us / reps / 1e3
+            total = getattr(event, "device_time_total", 0.0) or getattr(event, "cuda_time_total", 0.0)
+            times[event.key] = times.get(event.key, 0.0) + total / reps
+    return times
+
+
+def gpu_time_ms(fn: Callable[[], Any], reps: int = 10) -> float:
+    """Milliseconds of device work per call of fn: the sum of gpu_kernel_times_us. For steps whose
+    eager launches are host-bound this is what the GPU does, without the host overhead (CUDA-graph
+    capture would show the same, but a provider that syncs inside would poison the capture state of
+    the rest of the run)."""
+    return sum(gpu_kernel_times_us(fn, reps).values()) / 1e3
 
 
 def grads_of(out: torch.Tensor, inputs: Iterable[torch.Tensor], grad_out: torch.Tensor) -> tuple:

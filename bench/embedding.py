@@ -153,9 +153,10 @@ def sweep_bwd(cases=((151936, 4096, 16384), (131072, 4096, 16384), (50257, 1600,
             runs = []
             if prev_kernel is not None:
                 gw = torch.empty(v, d, device="cuda", dtype=torch.bfloat16)
-                grid = emb_plan.Plan(4, emb_plan._block_d(d, 8, 1024), 0, 4).tiles(v, d)
-                opts = dict(SCALE=False, BLOCK_R=4 if d >= 1024 else 2, BLOCK_D=emb_plan._block_d(d, 8, 1024),
-                            num_warps=4, maxnreg=128)
+                # v4's plan: 4 rows (2 below 1024 wide), 4 warps, cap 128, one program per tile
+                prev_d, prev_rows = emb_plan._block_d(d, 8, 1024), 4 if d >= 1024 else 2
+                grid = emb_plan.Plan(prev_rows, prev_d, 0, 4).tiles(v, d)
+                opts = dict(SCALE=False, BLOCK_R=prev_rows, BLOCK_D=prev_d, num_warps=4, maxnreg=128)
                 runs.append(("previous kernel", gw, lambda gw=gw, grid=grid, opts=opts: prev_kernel[(grid,)](
                     g, perm, offsets, gw, v, d, d, 1, -1, **opts)))
             for rows, block_d, warps, maxnreg in BWD_VARIANTS:
