@@ -21,7 +21,7 @@ for step in ${STEPS:-tests bench}; do
   case $step in
     host)
       timeout "${HOST_S:-150}" python3 -m bench.host > "$OUT/host.txt" 2>&1
-      echo "host (exit $?):"; head -n 14 "$OUT/host.txt" ;;
+      echo "host (exit $?):"; head -n 24 "$OUT/host.txt" ;;
     tune)
       timeout "${TUNE_S:-150}" python3 -m bench.tune_attn_res > "$OUT/tune.txt" 2>&1
       echo "tune (exit $?):"; cat "$OUT/tune.txt" ;;

@@ -33,6 +33,19 @@ def wall_ms(fn, reps: int = 200) -> float:
     return best
 
 
+def host_ms(fn, reps: int = 20) -> float:
+    """Host time per call: calls issued back to back without a sync, few enough that the launch queue
+    never fills, so none of them waits for the GPU."""
+    fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    elapsed = (time.perf_counter() - t) / reps * 1e3
+    torch.cuda.synchronize()
+    return elapsed
+
+
 def cases():
     dev, bf16 = "cuda", torch.bfloat16
     q, k, v = (torch.randn(2, 12, 4096, 64, device=dev, dtype=bf16, requires_grad=True) for _ in range(3))
@@ -49,6 +62,12 @@ def cases():
     query = torch.zeros(1024, device=dev, requires_grad=True)
     weight = torch.ones(1024, device=dev, requires_grad=True)
     yield ("attn_res N8 4x1024 D1024", (values, query, weight),
+           lambda v, q, w: fusedops.attn_res(v, q, w),
+           lambda v, q, w: torch.ops.fusedops.attn_res(v, q, w, 1e-6))
+    values = torch.randn(4, 2, 4096, 4096, device=dev, dtype=bf16, requires_grad=True)
+    query = torch.zeros(4096, device=dev, requires_grad=True)
+    weight = torch.ones(4096, device=dev, requires_grad=True)
+    yield ("attn_res N4 2x4096 D4096", (values, query, weight),
            lambda v, q, w: fusedops.attn_res(v, q, w),
            lambda v, q, w: torch.ops.fusedops.attn_res(v, q, w, 1e-6))
     emb = torch.randn(32768, 768, device=dev, dtype=bf16, requires_grad=True)
@@ -118,13 +137,20 @@ def embedding_backward_pieces(v: int = 151936, d: int = 4096, tokens: int = 1638
 
 
 def main() -> None:
-    print(f"{'case':38s} {'path':10s} {'wall ms':>8s} {'GPU ms':>8s}")
+    print(f"{'case':38s} {'path':10s} {'wall ms':>8s} {'GPU ms':>8s} {'host ms':>8s}")
     for name, inputs, wrapper, via_ops in cases():
         compiled = torch.compile(wrapper, fullgraph=True)
         for path, fn in (("wrapper", wrapper), ("torch.ops", via_ops), ("compiled", compiled)):
             try:
                 step = step_of(fn, inputs)
-                print(f"{name:38s} {path + ' fb':10s} {wall_ms(step):8.3f} {gpu_time_ms(step):8.3f}", flush=True)
+                print(f"{name:38s} {path + ' fb':10s} {wall_ms(step):8.3f} {gpu_time_ms(step):8.3f} "
+                      f"{host_ms(step):8.3f}", flush=True)
+                if path == "wrapper":
+                    def fwd(fn=fn):
+                        with torch.no_grad():
+                            return fn(*inputs)
+                    print(f"{name:38s} {'wrapper f':10s} {wall_ms(fwd):8.3f} {gpu_time_ms(fwd):8.3f} "
+                          f"{host_ms(fwd):8.3f}", flush=True)
             except Exception as e:  # noqa: BLE001
                 print(f"{name:38s} {path:10s} error: {type(e).__name__}: {str(e)[:200]}", flush=True)
         torch._dynamo.reset()

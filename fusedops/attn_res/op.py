@@ -326,7 +326,7 @@ def attn_res(
     """
     check_args(values, query, norm_weight, eps)
     if direct_call_ok(values, query, norm_weight):
-        out, lse = _Direct.apply(values, query, norm_weight, eps)
+        out, lse = _Direct.call(values, query, norm_weight, eps)
     else:
         out, lse = torch.ops.fusedops.attn_res_with_lse(values, query, norm_weight, eps)
     return (out, lse) if return_lse else out

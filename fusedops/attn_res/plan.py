@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fusedops.registry import memoize
 from fusedops.targets import Target
 
 # Bytes of on-chip state per tile element: the forward keeps the fp32 accumulator, the loaded row and
@@ -52,6 +53,7 @@ class Plan:
     one_pass: bool = False  # a plan of the one-pass backward kernel
 
 
+@memoize
 def make_plan(target: Target, tokens: int, dim: int, elem_size: int, *, backward: bool, one_pass: bool = False) -> Plan:
     """one_pass: the plan of attn_res_bwd_onepass_kernel, which only runs when `one_tile` comes out True
     (a whole row on chip); otherwise of the two-phase attn_res_bwd_kernel or of the forward."""
@@ -113,6 +115,7 @@ REDUCE_BLOCK_D = 256
 REDUCE_MAX_BLOCK_P = 64
 
 
+@memoize
 def reduce_plan(target: Target, dim: int, programs: int) -> tuple[int, int, int]:
     """(BLOCK_D, BLOCK_P, grid) for summing the backward's [programs, dim] partial sums."""
     cuda = target.vendor == "cuda" and not target.interpreted

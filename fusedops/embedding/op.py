@@ -262,5 +262,5 @@ def embedding(
     if indices.device.type != "cpu" and check_bounds and not torch.compiler.is_compiling():
         raise_if_out_of_range(indices, weight.shape[0])
     if direct_call_ok(weight, indices):
-        return _Direct.apply(weight, indices, padding_idx, scale_grad_by_freq)
+        return _Direct.call(weight, indices, padding_idx, scale_grad_by_freq)
     return torch.ops.fusedops.embedding(weight, indices, padding_idx, scale_grad_by_freq)

@@ -365,7 +365,7 @@ def neighborhood_attention(
         check_args(q, k, v, kernel_size, dilation, stride, is_causal, scale, window)  # raises
     ks, dil, st, causal, checked_scale = check_args(q, k, v, kernel_size, dilation, stride, is_causal, scale, window)
     if direct_call_ok(q, k, v):
-        out, lse = _Direct.apply(q, k, v, ks, dil, st, causal, checked_scale, window)
+        out, lse = _Direct.call(q, k, v, ks, dil, st, causal, checked_scale, window)
     else:
         out, lse = torch.ops.fusedops.neighborhood_attention(q, k, v, ks, dil, st, causal, scale, window)
     return (out, lse) if return_lse else out
