@@ -111,6 +111,22 @@ def assert_export_round_trip(path: str, model: torch.nn.Module, x: torch.Tensor,
         torch.testing.assert_close(reloaded.module()(x), model(x), rtol=rtol, atol=atol)
 
 
+def assert_compiled_leaves_like_eager(fn, inputs, rtol=2e-2, atol=2e-2) -> None:
+    """fullgraph torch.compile of fn over leaf inputs that require grad (what a user compiling a
+    function of parameters does): Inductor must not take a kernel for writing an input (a leaf cannot
+    be written in place), and outputs and input gradients must match eager."""
+    leaves = [t for t in inputs if t.requires_grad]
+    eager = fn(*inputs)
+    grad_out = torch.randn_like(eager)
+    eager_grads = torch.autograd.grad(eager, leaves, grad_out)
+    torch._dynamo.reset()
+    out = torch.compile(fn, fullgraph=True)(*inputs)
+    grads = torch.autograd.grad(out, leaves, grad_out)
+    torch.testing.assert_close(out, eager, rtol=rtol, atol=atol)
+    for g, ref in zip(grads, eager_grads):
+        torch.testing.assert_close(g, ref, rtol=rtol, atol=atol * max(1.0, ref.abs().max().item()))
+
+
 def assert_inductor_like_eager(model: torch.nn.Module, x: torch.Tensor, rtol=2e-2, atol=2e-2) -> None:
     """On a GPU, Inductor compiles the ops' Triton kernels into its own graph (triton_op + wrap_triton,
     no opaque node): fullgraph compile must match eager, forward and parameter gradients."""

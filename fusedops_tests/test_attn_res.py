@@ -21,6 +21,7 @@ from .helpers import (
     PATHS,
     RTOL,
     assert_close,
+    assert_compiled_leaves_like_eager,
     assert_compiles_like_eager,
     assert_export_round_trip,
     assert_inductor_like_eager,
@@ -531,6 +532,16 @@ def test_gpu_matches_einsum(case):
     out, grads = run_op(values, query, weight, eps, grad_out)
     assert_close("out", out, ref_out, values.dtype)
     assert_grads_close(grads, ref_grads, values, query, weight, eps, grad_out)
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_compile_of_leaf_inputs_matches_eager():
+    torch.manual_seed(8)
+    values = torch.randn(4, 2, 64, 256, device="cuda").to(torch.bfloat16).requires_grad_()
+    query = (torch.randn(256, device="cuda") * 0.1).requires_grad_()
+    weight = (torch.rand(256, device="cuda") + 0.5).requires_grad_()
+    assert_compiled_leaves_like_eager(lambda v, q, w: fusedops.attn_res(v, q, w), (values, query, weight))
 
 
 @gpu

@@ -23,6 +23,7 @@ from .helpers import (
     KERNEL_PATHS,
     PATHS,
     assert_close,
+    assert_compiled_leaves_like_eager,
     assert_compiles_like_eager,
     assert_export_round_trip,
     execution_path,
@@ -439,6 +440,11 @@ class TestGPU:
         ok = torch.tensor([True, False, False, False, True], device="cuda")
         assert torch.equal(out[ok], weight[idx[ok]]) and not out[~ok].any()
         assert w.grad.sum().item() == 2 * 64
+
+    def test_compile_of_leaf_weight_matches_eager(self):
+        weight = torch.randn(300, 64, device="cuda").requires_grad_()
+        idx = torch.randint(0, 300, (8, 33), device="cuda")
+        assert_compiled_leaves_like_eager(lambda w, i: fusedops.embedding(i, w, check_bounds=False), (weight, idx))
 
     def test_compile_inductor(self):
         model = Tower().cuda()

@@ -25,6 +25,7 @@ from .helpers import (
     KERNEL_PATHS,
     PATHS,
     assert_close,
+    assert_compiled_leaves_like_eager,
     assert_compiles_like_eager,
     assert_export_round_trip,
     assert_inductor_like_eager,
@@ -533,6 +534,16 @@ def test_gpu_real_sizes(spec, dtype):
 def test_gpu_matches_dense_oracle(case):
     check_case(case, "cuda")
 
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel_size", [7, (3, 5)])
+def test_gpu_compile_of_leaf_inputs_matches_eager(kernel_size):
+    torch.manual_seed(9)
+    spatial = (64,) if isinstance(kernel_size, int) else (12, 16)
+    q, k, v = (torch.randn(2, 4, *spatial, 32, device="cuda").to(torch.bfloat16).requires_grad_() for _ in range(3))
+    assert_compiled_leaves_like_eager(lambda q, k, v: fusedops.neighborhood_attention(q, k, v, kernel_size), (q, k, v))
 
 
 @gpu

@@ -372,7 +372,13 @@ def attn_res_bwd_onepass_kernel(
     pid = tl.program_id(0)
     d = tl.arange(0, BLOCK_D)
     d_mask = d < D
-    u = _folded_query(q_ptr, w_ptr, d, d_mask, HAS_WEIGHT)
+    # The folded query is loaded here, not through _folded_query: torch < 2.13's mutation analysis of a
+    # traced kernel walks back from each store's address through helper calls (not through loads), and
+    # the waiting rows' addresses derive from u; through a call it would count query and norm_weight as
+    # written, which torch.compile then refuses for leaf inputs ("leaf Variable ... in-place operation").
+    u = tl.load(q_ptr + d, mask=d_mask, other=0.0).to(tl.float32)
+    if HAS_WEIGHT:
+        u = u * tl.load(w_ptr + d, mask=d_mask, other=0.0).to(tl.float32)
     du = tl.zeros([BLOCK_D], tl.float32)
     for block in range(pid, tl.cdiv(T, BLOCK_T), tl.num_programs(0)):
         t = block * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)
