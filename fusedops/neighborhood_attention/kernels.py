@@ -214,41 +214,8 @@ def na_fwd_kernel(
 
 
 @triton.jit
-def na_bwd_delta_kernel(
-    o_ptr, do_ptr, dlse_ptr, delta_ptr,
-    sdb, sdh, sd0, sd1, sd2,
-    H, DV, L1, L2, S, num_blocks,
-    HAS_DLSE: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr,
-):
-    """delta = rowsum(dO * O) - dLSE over [B, H, S] rows (fp32); out is contiguous, dO strided."""
-    pid = tl.program_id(0)
-    dv_off = tl.arange(0, BLOCK_DV)
-    dv_mask = dv_off < DV
-    nsb = tl.cdiv(S, BLOCK_S)
-    for blk in range(pid, num_blocks, tl.num_programs(0)):
-        bh = blk // nsb
-        s = (blk % nsb) * BLOCK_S + tl.arange(0, BLOCK_S)
-        s_ok = s < S
-        b = bh // H
-        h = bh % H
-        p2 = s % L2
-        p1 = (s // L2) % L1
-        p0 = s // (L1 * L2)
-        do_rows = b.to(tl.int64) * sdb + h.to(tl.int64) * sdh + p0.to(tl.int64) * sd0 + p1.to(tl.int64) * sd1 \
-            + p2.to(tl.int64) * sd2
-        flat = bh.to(tl.int64) * S + s.to(tl.int64)
-        mask = s_ok[:, None] & dv_mask[None, :]
-        o = tl.load(o_ptr + flat[:, None] * DV + dv_off[None, :], mask=mask, other=0.0).to(tl.float32)
-        do = tl.load(do_ptr + do_rows[:, None] + dv_off[None, :], mask=mask, other=0.0).to(tl.float32)
-        delta = tl.sum(o * do, axis=1)
-        if HAS_DLSE:
-            delta -= tl.load(dlse_ptr + flat, mask=s_ok, other=0.0).to(tl.float32)
-        tl.store(delta_ptr + flat, delta, mask=s_ok)
-
-
-@triton.jit
 def na_bwd_dq_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
+    q_ptr, k_ptr, v_ptr, do_ptr, o_ptr, lse_ptr, dlse_ptr, delta_ptr, dq_ptr,
     sqb, sqh, sq0, sq1, sq2,
     skb, skh, sk0, sk1, sk2,
     svb, svh, sv0, sv1, sv2,
@@ -260,8 +227,11 @@ def na_bwd_dq_kernel(
     BM0: tl.constexpr, BM1: tl.constexpr, BM2: tl.constexpr,
     BN0: tl.constexpr, BN1: tl.constexpr, BN2: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_DLSE: tl.constexpr,
 ):
-    """dQ_i = scale * sum_j p_ij (dO_i.v_j - delta_i) k_j per query tile, walking keys as the forward."""
+    """dQ_i = scale * sum_j p_ij (dO_i.v_j - delta_i) k_j per query tile, walking keys as the forward.
+    delta_i = rowsum(dO_i * O_i) - dLSE_i (fp32) is computed here from the tile's own rows and stored
+    for the dK/dV kernel, which runs after this one: query tiles cover every row exactly once."""
     qk_scale = tl.cast(qk_scale, tl.float32)  # Inductor passes Python floats as fp64
     scale = tl.cast(scale, tl.float32)
     pid = tl.program_id(0)
@@ -294,7 +264,11 @@ def na_bwd_dq_kernel(
             do = do.to(tl.float32)
         flat = (b * H + h).to(tl.int64) * S + (p0 * L1 * L2 + p1 * L2 + p2).to(tl.int64)
         lse2 = tl.load(lse_ptr + flat, mask=row_ok, other=0.0) * 1.4426950408889634
-        delta = tl.load(delta_ptr + flat, mask=row_ok, other=0.0)
+        o = tl.load(o_ptr + flat[:, None] * DV + dv_off[None, :], mask=row_ok[:, None] & dv_mask[None, :], other=0.0)
+        delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+        if HAS_DLSE:
+            delta -= tl.load(dlse_ptr + flat, mask=row_ok, other=0.0).to(tl.float32)
+        tl.store(delta_ptr + flat, delta, mask=row_ok)
         # per-row windows, and the key range of the whole tile (windows are monotone in the query)
         lo2, hi2, klo2, khi2 = _tile_windows(i2, i02, lg2, K2, ST2, C2, BM2, TRUNCATED)
         lo1, hi1, klo1, khi1 = 0, 0, 0, 0  # axes a 1-D or 2-D problem does not have

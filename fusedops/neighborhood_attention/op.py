@@ -14,9 +14,9 @@ from fusedops.targets import Target, target_for
 from fusedops.validation import check_float, check_last_dim_contiguous, check_same_device
 
 from . import reference
-from .kernels import LOG2E, na_bwd_delta_kernel, na_bwd_dkdv_kernel, na_bwd_dq_kernel, na_fwd_kernel
+from .kernels import LOG2E, na_bwd_dkdv_kernel, na_bwd_dq_kernel, na_fwd_kernel
 from .plan import grid as plan_grid
-from .plan import make_plan, next_pow2, tiles_override
+from .plan import make_plan, tiles_override
 
 WINDOWS = ("shifted", "truncated")
 MIN_HEAD_DIM, MAX_HEAD_DIM = 8, 256
@@ -190,29 +190,20 @@ def _forward(q, k, v, ks, dil, st, causal, scale, window, target: Target) -> tup
 
 @memoize
 def _backward_spec(q_shape, q_stride, k_shape, k_stride, v_shape, v_stride, go_stride, dtype, ks, dil, st, causal,
-                   scale, window, has_dlse, target: Target, tiles_env) -> tuple[Launch, Launch, Launch]:
+                   scale, window, has_dlse, target: Target, tiles_env) -> tuple[Launch, Launch]:
     geo = _Geometry(q_shape, k_shape, v_shape, ks, dil, st, causal)
-    tokens = math.prod(geo.spatial)
-    block_dv = max(16, next_pow2(geo.head_dim_v))
-    block_s = max(1, min(next_pow2(tokens), 4096 // block_dv if not target.interpreted else 1024,
-                         max(1, target.onchip_bytes // (12 * block_dv))))
-    block_s = 1 << (block_s.bit_length() - 1)
-    nblocks = geo.batch * geo.heads * (-(-tokens // block_s))
-    delta = (target.grid_size(nblocks),
-             (*_strides(go_stride), geo.heads, geo.head_dim_v, geo.spatial[1], geo.spatial[2], tokens, nblocks),
-             dict(HAS_DLSE=has_dlse, BLOCK_S=block_s, BLOCK_DV=block_dv))
     plan = geo.plan(target, dtype, backward=True)
     meta = _meta(plan, window, geo.ndim)
     strides = (*_strides(q_stride), *_strides(k_stride), *_strides(v_stride), *_strides(go_stride))
     q_tiles = geo.tiles(plan.bm, geo.heads)
     dq = (plan_grid(target, q_tiles),
           (*strides, geo.heads, geo.heads // geo.kv_heads, geo.head_dim, geo.head_dim_v,
-           *geo.axis_args(), *geo.blocks(plan.bm), q_tiles, scale * LOG2E, scale), meta)
+           *geo.axis_args(), *geo.blocks(plan.bm), q_tiles, scale * LOG2E, scale), dict(meta, HAS_DLSE=has_dlse))
     k_tiles = geo.tiles(plan.bn, geo.kv_heads)
     dkdv = (plan_grid(target, k_tiles),
             (*strides, geo.heads, geo.kv_heads, geo.heads // geo.kv_heads, geo.head_dim, geo.head_dim_v,
              *geo.axis_args(), *geo.blocks(plan.bn), k_tiles, scale * LOG2E, scale), meta)
-    return delta, dq, dkdv
+    return dq, dkdv
 
 
 def _backward(grad_out, grad_lse, q, k, v, out, lse, ks, dil, st, causal, scale, window, target: Target):
@@ -225,16 +216,14 @@ def _backward(grad_out, grad_lse, q, k, v, out, lse, ks, dil, st, causal, scale,
     lse = lse.contiguous()
     delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
     has_dlse = grad_lse is not None
-    (grid, args, meta), dq_launch, dkdv_launch = _backward_spec(
+    (grid, args, meta), (dkdv_grid, dkdv_args, dkdv_meta) = _backward_spec(
         q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), grad_out.stride(), q.dtype, tuple(ks),
         tuple(dil), tuple(st), tuple(causal), scale, window, has_dlse, target, tiles_override(),
     )
-    launch(na_bwd_delta_kernel, (grid,), (out, grad_out, grad_lse.contiguous() if has_dlse else lse, delta), args,
-           meta)
-    grid, args, meta = dq_launch
-    launch(na_bwd_dq_kernel, (grid,), (q, k, v, grad_out, lse, delta, dq), args, meta)
-    grid, args, meta = dkdv_launch
-    launch(na_bwd_dkdv_kernel, (grid,), (q, k, v, grad_out, lse, delta, dk, dv), args, meta)
+    # dQ first: it also computes delta = rowsum(dO * O) - dLSE, which the dK/dV kernel reads.
+    launch(na_bwd_dq_kernel, (grid,),
+           (q, k, v, grad_out, out, lse, grad_lse.contiguous() if has_dlse else lse, delta, dq), args, meta)
+    launch(na_bwd_dkdv_kernel, (dkdv_grid,), (q, k, v, grad_out, lse, delta, dk, dv), dkdv_args, dkdv_meta)
     return dq, dk, dv
 
 
