@@ -441,6 +441,22 @@ class TestGPU:
         assert torch.equal(out[ok], weight[idx[ok]]) and not out[~ok].any()
         assert w.grad.sum().item() == 2 * 64
 
+    def test_large_vocabulary_masks_out_of_range_and_padding(self):
+        """At a real vocabulary size with the bounds check off: out-of-range indices add nothing to any row,
+        the padding row's gradient is zero, and the backward is bitwise reproducible."""
+        V, D = 40000, 4096
+        weight = torch.randn(V, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        idx = torch.randint(0, V, (4096,), device="cuda")
+        idx[::7], idx[1::7], idx[2::11] = V + 5, -3, 11
+        out = fusedops.embedding(idx, weight, padding_idx=11, check_bounds=False)
+        grad_out = torch.randn_like(out)
+        (grad,) = torch.autograd.grad(out, weight, grad_out, retain_graph=True)
+        ok = (idx >= 0) & (idx < V)
+        ref = torch_reference(weight.detach(), idx[ok], grad_out[ok], 11, False)[1]
+        assert_close("grad_weight", grad, ref, torch.bfloat16)
+        assert not grad[11].any()
+        assert torch.equal(grad, torch.autograd.grad(out, weight, grad_out)[0]), "backward not bitwise reproducible"
+
     def test_compile_of_leaf_weight_matches_eager(self):
         weight = torch.randn(300, 64, device="cuda").requires_grad_()
         idx = torch.randint(0, 300, (8, 33), device="cuda")
