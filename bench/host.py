@@ -58,18 +58,13 @@ def cases():
            lambda q, k, v: fusedops.neighborhood_attention(q, k, v, 7),
            lambda q, k, v: torch.ops.fusedops.neighborhood_attention(q, k, v, [7, 7], [1, 1], [1, 1],
                                                                        [False, False], None, "shifted")[0])
-    values = torch.randn(8, 4, 1024, 1024, device=dev, dtype=bf16, requires_grad=True)
-    query = torch.zeros(1024, device=dev, requires_grad=True)
-    weight = torch.ones(1024, device=dev, requires_grad=True)
-    yield ("attn_res N8 4x1024 D1024", (values, query, weight),
-           lambda v, q, w: fusedops.attn_res(v, q, w),
-           lambda v, q, w: torch.ops.fusedops.attn_res(v, q, w, 1e-6))
-    values = torch.randn(4, 2, 4096, 4096, device=dev, dtype=bf16, requires_grad=True)
-    query = torch.zeros(4096, device=dev, requires_grad=True)
-    weight = torch.ones(4096, device=dev, requires_grad=True)
-    yield ("attn_res N4 2x4096 D4096", (values, query, weight),
-           lambda v, q, w: fusedops.attn_res(v, q, w),
-           lambda v, q, w: torch.ops.fusedops.attn_res(v, q, w, 1e-6))
+    for n, b, t, d in ((8, 4, 1024, 1024), (4, 2, 4096, 4096)):
+        values = torch.randn(n, b, t, d, device=dev, dtype=bf16, requires_grad=True)
+        query = torch.zeros(d, device=dev, requires_grad=True)
+        weight = torch.ones(d, device=dev, requires_grad=True)
+        yield (f"attn_res N{n} {b}x{t} D{d}", (values, query, weight),
+               lambda v, q, w: fusedops.attn_res(v, q, w),
+               lambda v, q, w: torch.ops.fusedops.attn_res(v, q, w, 1e-6))
     emb = torch.randn(32768, 768, device=dev, dtype=bf16, requires_grad=True)
     idx = torch.randint(0, 32768, (4, 1024), device=dev)
     yield ("embedding V32768 D768 4096 tokens", (emb, idx),
