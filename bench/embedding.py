@@ -107,16 +107,13 @@ def sweep(cases=((151936, 4096, 16384), (32768, 768, 16384))) -> None:
 
 
 # Backward-kernel tile variants: (rows, features, warps, register cap); one program per work item.
-BWD_VARIANTS = [
-    (4, 1024, 4, 128), (4, 1024, 4, None), (8, 1024, 4, None), (8, 1024, 8, None), (16, 1024, 8, None),
-    (4, 2048, 8, None), (8, 512, 4, None), (16, 512, 4, None), (2, 1024, 4, None), (4, 512, 2, None),
-]
+BWD_VARIANTS = [(4, 1024, 4, 128), (4, 1024, 4, None), (4, 2048, 8, None), (8, 1024, 4, None), (4, 512, 2, None)]
 
 
 def sweep_bwd(cases=((151936, 4096, 16384), (131072, 4096, 16384), (50257, 1600, 8192), (32768, 768, 16384))) -> None:
     """Backward-kernel tile variants (tile shape, warps, register cap), kernel-only, uniform and
-    Zipf(1.1) indices, each result checked bitwise against the first; with bench/_prev_embedding_kernels.py
-    present (an earlier kernels.py, untracked), its backward under its own plan is timed in the same process.
+    Zipf(1.1) indices, each result checked bitwise against the first; every variant twice, with the
+    run items first (ZEROS_PER_RUN = 0, the v5 order) and interleaved with the zero tiles (the plan's).
     python -c "from bench.embedding import sweep_bwd; sweep_bwd()" """
     import triton.testing
 
@@ -125,10 +122,6 @@ def sweep_bwd(cases=((151936, 4096, 16384), (131072, 4096, 16384), (50257, 1600,
     from fusedops.embedding import plan as emb_plan
     from fusedops.embedding.kernels import embedding_bwd_kernel
 
-    try:
-        from bench._prev_embedding_kernels import embedding_bwd_kernel as prev_kernel
-    except ImportError:
-        prev_kernel = None
     ceiling = measure_ceiling(torch.device("cuda"))
     print(f"sweep_bwd copy ceiling {ceiling:.3f} TB/s")
     for v, d, tokens in cases:
@@ -151,23 +144,17 @@ def sweep_bwd(cases=((151936, 4096, 16384), (131072, 4096, 16384), (50257, 1600,
             print(f"sweep_bwd {v},{d},{tokens} {dist} sort + offsets {ms:.4f} ms", flush=True)
             first = None
             runs = []
-            if prev_kernel is not None:
-                gw = torch.empty(v, d, device="cuda", dtype=torch.bfloat16)
-                # v4's plan: 4 rows (2 below 1024 wide), 4 warps, cap 128, one program per tile
-                prev_d, prev_rows = emb_plan._block_d(d, 8, 1024), 4 if d >= 1024 else 2
-                grid = emb_plan.Plan(prev_rows, prev_d, 0, 4).tiles(v, d)
-                opts = dict(SCALE=False, BLOCK_R=prev_rows, BLOCK_D=prev_d, num_warps=4, maxnreg=128)
-                runs.append(("previous kernel", gw, lambda gw=gw, grid=grid, opts=opts: prev_kernel[(grid,)](
-                    g, perm, offsets, gw, v, d, d, 1, -1, **opts)))
             for rows, block_d, warps, maxnreg in BWD_VARIANTS:
                 block_d = emb_plan._block_d(d, 8, block_d)  # the plan's padding rule (D = 768: 256 wide)
-                grid = emb_plan.Plan(rows, block_d, 0, warps).tiles(v, d) + tokens * -(-d // block_d)
-                gw = torch.empty(v, d, device="cuda", dtype=torch.bfloat16)
-                opts = dict(SCALE=False, BLOCK_R=rows, BLOCK_D=block_d, num_warps=warps,
-                            **({"maxnreg": maxnreg} if maxnreg else {}))
-                runs.append((f"{rows}x{block_d} w{warps} maxnreg={maxnreg}", gw,
-                             lambda gw=gw, grid=grid, opts=opts: embedding_bwd_kernel[(grid,)](
-                                 g, keys, perm, offsets, gw, v, d, tokens, d, 1, -1, **opts)))
+                plan = emb_plan.Plan(rows, block_d, 0, warps)
+                grid = plan.tiles(v, d) + tokens * -(-d // block_d)
+                for mix in (0, plan.zeros_per_run(v, tokens)):
+                    gw = torch.empty(v, d, device="cuda", dtype=torch.bfloat16)
+                    opts = dict(SCALE=False, BLOCK_R=rows, BLOCK_D=block_d, num_warps=warps,
+                                **({"maxnreg": maxnreg} if maxnreg else {}))
+                    runs.append((f"{rows}x{block_d} w{warps} maxnreg={maxnreg} zeros/run={mix}", gw,
+                                 lambda gw=gw, grid=grid, opts=opts, mix=mix: embedding_bwd_kernel[(grid,)](
+                                     g, keys, perm, offsets, gw, v, d, tokens, d, 1, -1, mix, **opts)))
             for name, gw, run in runs:
                 run()
                 same = first is None or torch.equal(first, gw)

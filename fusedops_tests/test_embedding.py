@@ -223,12 +223,45 @@ def test_kernels_mask_out_of_range_indices(plan, tiled, request, monkeypatch):
         p = make_plan(target, V, D, 4, backward=True, tokens=indices.numel())
         embedding_bwd_kernel[(p.grid,)](
             grad_out, keys, perm, offsets, gw, V, D, indices.numel(), grad_out.stride(0), grad_out.stride(1), -1,
-            SCALE=True, BLOCK_R=p.block_rows, BLOCK_D=p.block_d,
+            p.zeros_per_run(V, indices.numel()), SCALE=True, BLOCK_R=p.block_rows, BLOCK_D=p.block_d,
         )
         assert intact(), "backward wrote outside grad_weight"
         ref = torch_reference(weight, indices[ok], grad_out[ok], None, True)[1]
         assert_close("grad_weight", gw, ref, torch.float32)
         assert_close("grad_weight", emb_op._backward(grad_out, indices, V, -1, True, target), ref, torch.float32)
+
+
+@pytest.mark.parametrize("plan", ["cuda", "ascend"], ids=["cuda-plan", "ascend-plan"])
+def test_backward_item_order_does_not_change_the_bits(plan, request, monkeypatch):
+    """The backward interleaves run items with zero tiles (ZEROS_PER_RUN of them per run item, the
+    rest last). Every valid interleave, none included, must write the same bits, and the plan's must
+    actually interleave here (more zero tiles than run items, with a remainder)."""
+    monkeypatch.setenv("FUSEDOPS_ASCEND_VECTOR_CORES", FEW_CORES)
+    if plan == "ascend":
+        request.applymarker(pytest.mark.ascend)
+    with execution_path(plan, TILED_BUDGET):
+        target = cuda_target(interpreted=True) if plan == "cuda" else ascend_target(interpreted=True)
+        V, D, pad = 100, 12, 4
+        gen = torch.Generator().manual_seed(3)
+        indices = torch.tensor([7, 4, 30, 7, 99, 7, 0])
+        grad_out = torch.randn(indices.numel(), D, generator=gen)
+        keys, perm, offsets = emb_op._sorted_runs(indices, V)
+        p = make_plan(target, V, D, 4, backward=True, tokens=indices.numel())
+        planned = p.zeros_per_run(V, indices.numel())
+        zero_tiles = -(-V // p.block_rows)
+        assert planned >= 1 and zero_tiles % indices.numel() != 0
+        results = []
+        for zeros_per_run in sorted({0, 1, planned}):
+            gw = torch.full((V, D), float("nan"))
+            embedding_bwd_kernel[(p.grid,)](
+                grad_out, keys, perm, offsets, gw, V, D, indices.numel(), D, 1, pad, zeros_per_run,
+                SCALE=False, BLOCK_R=p.block_rows, BLOCK_D=p.block_d,
+            )
+            results.append(gw)
+        ref = torch_reference(torch.randn(V, D), indices, grad_out, pad, False)[1]
+        assert_close("grad_weight", results[0], ref, torch.float32)
+        for gw in results[1:]:
+            assert torch.equal(gw, results[0])
 
 
 # ----- bad input: one test each ---------------------------------------------------------------------

@@ -45,7 +45,7 @@ def embedding_fwd_kernel(
 @triton.jit
 def embedding_bwd_kernel(
     g_ptr, keys_ptr, perm_ptr, offs_ptr, gw_ptr,
-    V, D, N, G_S0, G_S1, PAD,
+    V, D, N, G_S0, G_S1, PAD, ZEROS_PER_RUN,
     SCALE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """grad_weight[v, d] = s_v * sum over tokens t with idx[t] == v of grad_out[t, d], in token order.
@@ -54,14 +54,15 @@ def embedding_bwd_kernel(
     positions in that order; offs[v]: where index v's run starts in it ([V + 1]). One grid-stride loop
     walks two kinds of work item, so grad_weight is written exactly once in one launch, with no memset
     and no atomics (the bits do not depend on scheduling):
-    - run items first (N sorted positions x feature blocks): a position that starts the run of an
-      in-range, non-padding index sums the run's gradient rows in fp32, in token order, and stores
-      that row; any other position does nothing;
-    - then zero items (BLOCK_R rows x BLOCK_D features): zeros go to the rows no token names and to
-      the padding row.
+    - run items (N sorted positions x feature blocks): a position that starts the run of an in-range,
+      non-padding index sums the run's gradient rows in fp32, in token order, and stores that row; any
+      other position does nothing;
+    - zero items (BLOCK_R rows x BLOCK_D features): zeros go to the rows no token names and to the
+      padding row.
     Zero tiles, nearly all of grad_weight, wait on one load of offsets (just written, in L2) and carry
-    no gathers, so they stay light and many are in flight per SM; the gathers' latency is paid only
-    by the rows that have tokens.
+    no gathers: they are bound by store bandwidth, run items by the gathers' latency. The item order
+    interleaves them (one run item, then ZEROS_PER_RUN zero tiles, repeated; the leftover zero tiles
+    last) so programs of both kinds are resident together and the gathers hide under the stores.
     """
     pid = tl.program_id(0)
     d_blocks = tl.cdiv(D, BLOCK_D)
@@ -70,10 +71,14 @@ def embedding_bwd_kernel(
     # Every tensor is 2D ([1, BLOCK_D] rows, [BLOCK_R, 1] columns): 1D vectors beside 2D tiles trip a
     # layout-conversion bug in Triton 3.6/3.7. Scalar loads clamp their address instead of masking:
     # triton-ascend 3.2's interpreter ignores a one-element False mask.
+    period = ZEROS_PER_RUN + 1
+    mixed = run_items * period  # items before this interleave one run item per period
     for item in range(pid, items, tl.num_programs(0)):
-        if item < run_items:
-            pos = item // d_blocks
-            d = (item - pos * d_blocks).to(tl.int64) * BLOCK_D + tl.arange(0, BLOCK_D)[None, :]
+        group = item // period
+        slot = item - group * period
+        if (item < mixed) & (slot == 0):
+            pos = group // d_blocks
+            d = (group - pos * d_blocks).to(tl.int64) * BLOCK_D + tl.arange(0, BLOCK_D)[None, :]
             d_mask = d < D
             key = tl.load(keys_ptr + pos).to(tl.int64)
             prev = tl.load(keys_ptr + tl.maximum(pos - 1, 0)).to(tl.int64)
@@ -103,7 +108,7 @@ def embedding_bwd_kernel(
         else:
             # Names differ from the run branch's: Triton requires a name bound in both branches to have
             # one type.
-            tile = item - run_items
+            tile = tl.where(item < mixed, group * ZEROS_PER_RUN + slot - 1, item - run_items)
             rb = tile // d_blocks
             cols_z = (tile - rb * d_blocks).to(tl.int64) * BLOCK_D + tl.arange(0, BLOCK_D)[None, :]
             rows = rb.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]

@@ -107,7 +107,8 @@ def _backward(
     plan = make_plan(target, num_weights, dim, grad_out.element_size(), backward=True, tokens=tokens)
     launch(
         embedding_bwd_kernel, (plan.grid,), (grad2d, keys, perm, offsets, grad_weight),
-        (num_weights, dim, tokens, grad2d.stride(0), grad2d.stride(1), padding_idx),
+        (num_weights, dim, tokens, grad2d.stride(0), grad2d.stride(1), padding_idx,
+         plan.zeros_per_run(num_weights, tokens)),
         dict(SCALE=scale_grad_by_freq, BLOCK_R=plan.block_rows, BLOCK_D=plan.block_d, num_warps=plan.num_warps,
              **({"maxnreg": plan.max_registers} if plan.max_registers else {})),
     )

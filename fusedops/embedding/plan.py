@@ -56,6 +56,11 @@ class Plan:
     def tiles(self, rows: int, dim: int) -> int:
         return -(-rows // self.block_rows) * -(-dim // self.block_d)
 
+    def zeros_per_run(self, num_weights: int, tokens: int) -> int:
+        """Backward: zero tiles between consecutive run items (both kinds count feature blocks alike),
+        so the run items spread evenly over the item order."""
+        return -(-num_weights // self.block_rows) // tokens if tokens else 0
+
 
 def _block_d(dim: int, min_d: int, max_d: int) -> int:
     """The longest power-of-two feature block <= max_d whose padding wastes at most MAX_WASTE of the
