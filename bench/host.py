@@ -3,13 +3,15 @@
 For a small case of each op (where the host, not the GPU, bounds the step) it prints the wall time
 per call of the public wrapper (the direct eager path), of the same call through torch.ops, and of a
 torch.compile'd call, next to the GPU time the profiler sees; then the cost of one bare Triton launch
-of each neighborhood-attention kernel, and a cProfile of the wrapper's fwd+bwd step.
+of each neighborhood-attention kernel, and a cProfile of the wrapper's fwd+bwd step. First, how the
+L2 flush between timed calls moves a short kernel's time (HOST_L2_ONLY=1: only that).
 """
 
 from __future__ import annotations
 
 import cProfile
 import io
+import os
 import pstats
 import time
 
@@ -131,7 +133,41 @@ def embedding_backward_pieces(v: int = 151936, d: int = 4096, tokens: int = 1638
             print(f"embedding bwd piece V{v} D{d} T{tokens} {name:32s} GPU {gpu_time_ms(fn) * 1e3:8.1f} us", flush=True)
 
 
+def l2_flush_effect(n: int = 4, b: int = 2, t: int = 4096, d: int = 4096, reps: int = 50) -> None:
+    """The attn_res forward timed like do_bench (CUDA events around each call, a 256 MB buffer touched
+    between calls to flush L2) with three flushes: do_bench's memset, a read-only pass over the same
+    bytes, and none. A memset leaves the L2 full of dirty lines the timed kernel's reads must evict
+    (write back); a read leaves clean lines. TB/s count the forward's (N + 1) x tokens x D x 2 bytes."""
+    import triton.testing
+
+    values = torch.randn(n, b, t, d, device="cuda", dtype=torch.bfloat16)
+    query, weight = torch.randn(d, device="cuda") * 0.05, torch.ones(d, device="cuda")
+    fwd = lambda: fusedops.attn_res(values, query, weight)  # noqa: E731
+    cache = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
+    nbytes = (n + 1) * b * t * d * 2
+    for name, flush in (("memset (do_bench)", cache.zero_), ("read-only", lambda: cache.sum(dtype=torch.int32)),
+                        ("none", lambda: None)):
+        fwd()
+        times = []
+        for _ in range(reps):
+            flush()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fwd()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        ms = sorted(times)[reps // 2]
+        print(f"attn_res fwd N{n} {b}x{t} D{d}, flush {name:18s}: {ms:.4f} ms {nbytes / ms / 1e9:.2f} TB/s", flush=True)
+    ms = triton.testing.do_bench(fwd, return_mode="median")
+    print(f"attn_res fwd N{n} {b}x{t} D{d}, triton.testing.do_bench : {ms:.4f} ms {nbytes / ms / 1e9:.2f} TB/s")
+
+
 def main() -> None:
+    if os.environ.get("HOST_L2_ONLY") == "1":
+        l2_flush_effect()
+        return
+    l2_flush_effect()
     print(f"{'case':38s} {'path':10s} {'wall ms':>8s} {'GPU ms':>8s} {'host ms':>8s}")
     for name, inputs, wrapper, via_ops in cases():
         compiled = torch.compile(wrapper, fullgraph=True)

@@ -1,6 +1,7 @@
-"""Sweep the neighborhood-attention backward tiles on a GPU (not part of `python -m bench`): GPU time
-(profiler) of one fwd+bwd step per FUSEDOPS_NA_BWD_TILES setting, the forward plan fixed, so a plan
-change is backed by a measurement. Usage: python -m bench.tune_neighborhood_attention"""
+"""Sweep neighborhood-attention tiles on a GPU (not part of `python -m bench`): GPU time (profiler) of
+one fwd+bwd step per FUSEDOPS_NA_BWD_TILES setting, the forward plan fixed; with TUNE_FORWARD=1, the
+forward kernel alone per FUSEDOPS_NA_TILES setting on the benchmark's cases. A plan change is backed by
+a measurement. Usage: python -m bench.tune_neighborhood_attention"""
 
 from __future__ import annotations
 
@@ -9,22 +10,64 @@ import os
 import torch
 
 import fusedops
-from bench.common import gpu_time_ms
+from bench.common import gpu_kernel_times_us, gpu_time_ms
 
 CASES = [  # (B, H, spatial, D, kernel)
     (2, 12, (4096,), 64, (7,)),
     (2, 16, (8192,), 128, (33,)),
     (1, 8, (16384,), 64, (129,)),
     (1, 16, (64, 64), 64, (7, 7)),
+    (1, 24, (128, 128), 128, (13, 13)),
+    (1, 16, (16, 32, 32), 64, (7, 7, 7)),
 ]
 VARIANTS = {
     1: ["", "1,1,64/1,1,64/4", "1,1,64/1,1,32/4", "1,1,32/1,1,64/4", "1,1,64/1,1,128/8", "1,1,128/1,1,64/8",
         "1,1,128/1,1,32/8", "1,1,32/1,1,128/8", "1,1,64/1,1,64/8"],
-    2: ["", "1,8,8/1,8,8/4", "1,8,16/1,8,8/8", "1,16,8/1,8,16/8", "1,8,8/1,16,16/8", "1,4,8/1,8,16/4"],
+    2: ["", "1,8,8/1,8,8/4", "1,8,16/1,8,8/8", "1,16,8/1,8,16/8", "1,8,8/1,16,16/8", "1,4,8/1,8,16/4",
+        "1,4,8/1,4,8/4", "1,4,16/1,4,16/4", "1,8,8/1,4,16/4", "1,4,16/1,8,8/4"],
+    3: ["", "4,4,4/4,4,4/4", "2,4,8/2,4,8/4", "4,4,8/2,4,8/4", "2,4,8/4,4,4/4", "2,2,8/2,4,8/4", "2,4,4/2,4,4/4",
+        "2,4,8/2,4,4/4"],
 }
 
 
+FORWARD_CASES = [  # python -m bench neighborhood_attention's cases
+    (2, 12, (4096,), 64, (7,)), (2, 16, (8192,), 128, (33,)), (1, 8, (16384,), 64, (129,)),
+    (1, 16, (64, 64), 64, (7, 7)), (1, 24, (128, 128), 128, (13, 13)), (1, 16, (16, 32, 32), 64, (7, 7, 7)),
+]
+FORWARD_VARIANTS = {
+    1: ["", "1,1,64/1,1,64/4", "1,1,64/1,1,32/4", "1,1,64/1,1,16/4", "1,1,32/1,1,32/4", "1,1,128/1,1,32/8",
+        "1,1,128/1,1,64/8", "1,1,128/1,1,16/8", "1,1,128/1,1,128/8", "1,1,128/1,1,32/4", "1,1,256/1,1,32/8"],
+    2: ["", "1,8,8/1,8,16/4", "1,8,8/1,8,8/4", "1,8,16/1,8,16/8", "1,8,16/1,8,8/4", "1,16,8/1,8,16/8",
+        "1,16,16/1,8,16/8", "1,4,16/1,4,16/4", "1,8,16/1,16,8/8", "1,16,8/1,16,8/8", "1,4,8/1,8,16/4"],
+    3: ["", "4,4,8/4,4,8/8", "4,4,4/4,4,8/4", "2,4,8/2,4,8/4", "2,8,8/2,8,8/8", "4,4,8/2,4,8/4",
+        "2,4,16/2,4,16/8"],
+}
+
+
+def forward_sweep() -> None:
+    for b, h, spatial, d, kernel in FORWARD_CASES:
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        q, k, v = (torch.randn(b, h, *spatial, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+                   for _ in range(3))
+        expected = None
+        for tiles in FORWARD_VARIANTS[len(spatial)]:
+            os.environ["FUSEDOPS_NA_TILES"] = tiles
+            try:
+                out = fusedops.neighborhood_attention(q, k, v, list(kernel))
+                expected = out if expected is None else expected
+                same = torch.allclose(out.float(), expected.float(), atol=2e-2, rtol=2e-2)
+                us = sum(gpu_kernel_times_us(lambda: fusedops.neighborhood_attention(q, k, v, list(kernel))).values())
+                print(f"{'x'.join(map(str, spatial))} D{d} k{'x'.join(map(str, kernel))} fwd tiles "
+                      f"{tiles or '(planner)':22s} GPU {us:7.1f} us{'' if same else ' DIFFERENT RESULT'}", flush=True)
+            except Exception as e:  # noqa: BLE001
+                print(f"{spatial} k{kernel} {tiles}: {type(e).__name__}: {str(e)[:120]}", flush=True)
+        os.environ.pop("FUSEDOPS_NA_TILES", None)
+
+
 def main() -> None:
+    if os.environ.get("TUNE_FORWARD") == "1":
+        forward_sweep()
+        return
     for b, h, spatial, d, kernel in CASES:
         gen = torch.Generator(device="cuda").manual_seed(0)
         q, k, v = (torch.randn(b, h, *spatial, d, device="cuda", dtype=torch.bfloat16, generator=gen)

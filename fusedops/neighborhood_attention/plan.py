@@ -27,6 +27,16 @@ CUDA_BOXES = {
     2: ((1, 8, 8), (1, 8, 16)),
     3: ((4, 4, 8), (4, 4, 8)),
 }
+WIDE_WINDOW = 64  # 1D backward: wider windows take 64-key tiles (see make_plan)
+# The forward's (query box, key box, warps): H100 sweep of the forward kernel alone in GPU time
+# (bench.tune_neighborhood_attention TUNE_FORWARD=1, bench/NOTES.md run 12), every benchmark case.
+# Against the previous forward plans (1D k >= 16: 128 x 32 on 8 warps; 2D: 8x8 x 8x16 on 8 warps; 3D:
+# 4x4x8 boxes): k33 152 -> 95 us, k129 52 -> 43, 2D 7x7 62 -> 33, 3D 600 -> 468; k7 28 -> 25.
+CUDA_FORWARD = {
+    1: ((1, 1, 64), (1, 1, 32), 4),
+    2: ((1, 8, 8), (1, 8, 8), 4),
+    3: ((4, 4, 8), (2, 4, 8), 4),
+}
 # Ascend and the interpreter: fewer, larger tiles (the budget loop shrinks them to fit the UB).
 LARGE_BOXES = {
     1: ((1, 1, 64), (1, 1, 64)),
@@ -114,12 +124,14 @@ def make_plan(
     boxes = CUDA_BOXES if (target.vendor == "cuda" and not interpreted) else LARGE_BOXES
     bm, bn = (list(b) for b in boxes[ndim])
     warps = None
-    if boxes is CUDA_BOXES and ndim == 1 and backward:
-        # H100 sweep (bench.tune_neighborhood_attention, GPU time of fwd+bwd): 64-query x 32-key tiles
-        # with 4 warps for every kernel size (k7 0.125 -> 0.107 ms, k33 1.035 -> 0.685, k129 0.432 -> 0.204)
-        bm, bn, warps = [1, 1, 64], [1, 1, 32], 4
-    elif boxes is CUDA_BOXES and ndim == 1 and kernel_volume >= 16:
-        bm, bn, warps = [1, 1, 128], [1, 1, 32], 8  # H100 sweep: wide windows want tall query tiles
+    if boxes is CUDA_BOXES and not backward:
+        box_m, box_n, warps = CUDA_FORWARD[ndim]
+        bm, bn = list(box_m), list(box_n)
+    elif boxes is CUDA_BOXES and ndim == 1:
+        # H100 sweeps (bench.tune_neighborhood_attention, GPU time of fwd+bwd): 64-query tiles on 4 warps;
+        # 32-key tiles up to k33 (k7 0.125 -> 0.107 ms, k33 1.035 -> 0.685), 64-key tiles for windows wider
+        # than that (run 12: k129 0.210 -> 0.180 ms; at k7 64 keys cost 5%, at k33 they tie)
+        bm, bn, warps = [1, 1, 64], [1, 1, 64 if kernel_volume > WIDE_WINDOW else 32], 4
     elif boxes is CUDA_BOXES and ndim == 3:
         warps = 4
     override = _override(backward)
