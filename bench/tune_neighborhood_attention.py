@@ -22,9 +22,11 @@ CASES = [  # (B, H, spatial, D, kernel)
 ]
 VARIANTS = {
     1: ["", "1,1,64/1,1,64/4", "1,1,64/1,1,32/4", "1,1,32/1,1,64/4", "1,1,64/1,1,128/8", "1,1,128/1,1,64/8",
-        "1,1,128/1,1,32/8", "1,1,32/1,1,128/8", "1,1,64/1,1,64/8"],
+        "1,1,128/1,1,32/8", "1,1,32/1,1,128/8", "1,1,64/1,1,64/8", "1,1,128/1,1,32/4", "1,1,64/1,1,16/4",
+        "1,1,32/1,1,32/4", "1,1,128/1,1,16/4", "1,1,32/1,1,16/2", "1,1,64/1,1,32/2"],
     2: ["", "1,8,8/1,8,8/4", "1,8,16/1,8,8/8", "1,16,8/1,8,16/8", "1,8,8/1,16,16/8", "1,4,8/1,8,16/4",
-        "1,4,8/1,4,8/4", "1,4,16/1,4,16/4", "1,8,8/1,4,16/4", "1,4,16/1,8,8/4"],
+        "1,4,8/1,4,8/4", "1,4,16/1,4,16/4", "1,8,8/1,4,16/4", "1,4,16/1,8,8/4", "1,8,16/1,8,8/4",
+        "1,8,8/1,8,16/4", "1,16,8/1,8,8/4", "1,8,8/1,16,8/4", "1,8,8/1,8,8/2", "1,16,16/1,8,8/8"],
     3: ["", "4,4,4/4,4,4/4", "2,4,8/2,4,8/4", "4,4,8/2,4,8/4", "2,4,8/4,4,4/4", "2,2,8/2,4,8/4", "2,4,4/2,4,4/4",
         "2,4,8/2,4,4/4"],
 }
@@ -64,11 +66,17 @@ def forward_sweep() -> None:
         os.environ.pop("FUSEDOPS_NA_TILES", None)
 
 
+def selected_cases() -> list:
+    """CASES, or those whose kernel string (e.g. "7", "7x7") is listed in TUNE_KERNELS."""
+    wanted = os.environ.get("TUNE_KERNELS", "").split()
+    return [c for c in CASES if not wanted or "x".join(map(str, c[4])) in wanted]
+
+
 def main() -> None:
     if os.environ.get("TUNE_FORWARD") == "1":
         forward_sweep()
         return
-    for b, h, spatial, d, kernel in CASES:
+    for b, h, spatial, d, kernel in selected_cases():
         gen = torch.Generator(device="cuda").manual_seed(0)
         q, k, v = (torch.randn(b, h, *spatial, d, device="cuda", dtype=torch.bfloat16, generator=gen)
                    .requires_grad_() for _ in range(3))
