@@ -95,13 +95,16 @@ def run_ops() -> None:
         weight, indices = torch.randn(1000, dim, dtype=dtype), torch.randint(0, 1000, (64,))
         embedding._forward(weight, indices, H100)
         embedding._backward(torch.randn(64, dim, dtype=dtype), indices, 1000, -1, True, H100)
-    # neighborhood attention: 1D narrow and wide windows, 2D, 3D, fp32 (ieee dots), truncated + causal
+    # neighborhood attention: 1D narrow and wide windows, 2D, 3D, fp32 (ieee dots), truncated + causal,
+    # head dim 256
     for shape, kernel, dtype, window, causal in (
         ((2, 4, 64, 64), [7], bf16, "shifted", [False]),
         ((2, 4, 256, 128), [33], bf16, "shifted", [False]),
         ((1, 2, 16, 16, 64), [7, 7], bf16, "shifted", [False, True]),
         ((1, 2, 8, 8, 8, 64), [3, 3, 3], bf16, "shifted", [False, False, False]),
         ((1, 2, 40, 48), [5], f32, "truncated", [True]),
+        ((1, 2, 256, 256), [129], bf16, "shifted", [False]),  # the largest head dim, a wide window
+        ((1, 2, 16, 16, 256), [5, 5], bf16, "shifted", [False, False]),
     ):
         q = torch.randn(shape, dtype=dtype)
         ndim = len(kernel)

@@ -496,6 +496,7 @@ GPU_CASES = [
     ((48, 40), (13, 9), (2, 1), (2, 3), (False, True), "shifted", 1, 2, 2, 96),
     ((16, 32, 32), (7, 7, 7), (1, 1, 1), (1, 1, 1), (False, False, False), "shifted", 1, 2, 2, 64),
     ((12, 20, 18), (3, 5, 3), (2, 1, 3), (1, 5, 2), (True, False, False), "shifted", 1, 2, 1, 40),
+    ((1024,), (129,), (1,), (1,), (False,), "shifted", 1, 2, 2, 256),  # the largest head dim
 ]
 
 
