@@ -5,6 +5,7 @@ a measurement. Usage: python -m bench.tune_neighborhood_attention"""
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -66,6 +67,44 @@ def forward_sweep() -> None:
         os.environ.pop("FUSEDOPS_NA_TILES", None)
 
 
+def stages_sweep() -> None:
+    """The planner's tiles with each software-pipelining depth: the forward alone, then fwd+bwd with
+    the backward's depth varied (GPU us)."""
+    from fusedops.neighborhood_attention.plan import make_plan
+    from fusedops.targets import target_for
+
+    target = target_for(torch.device("cuda"))
+    for b, h, spatial, d, kernel in FORWARD_CASES:
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        q, k, v = (torch.randn(b, h, *spatial, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+                   .requires_grad_() for _ in range(3))
+        go = torch.randn_like(q)
+        pad = [1] * (3 - len(spatial))
+        name = f"{'x'.join(map(str, spatial))} D{d} k{'x'.join(map(str, kernel))}"
+
+        def fwd():
+            with torch.no_grad():
+                return fusedops.neighborhood_attention(q, k, v, list(kernel))
+
+        def step():
+            return torch.autograd.grad(fusedops.neighborhood_attention(q, k, v, list(kernel)), (q, k, v), go)
+
+        for backward, fn, stages in ((False, fwd, (None, 1, 2, 3, 4)), (True, step, (None, 1, 2, 3))):
+            plan = make_plan(target, pad + list(spatial), [1, 1, 1], d, d, torch.bfloat16, len(spatial),
+                             backward=backward, kernel_volume=math.prod(kernel))
+            box = f"{','.join(map(str, plan.bm))}/{','.join(map(str, plan.bn))}/{plan.num_warps}"
+            for stage in stages:
+                tiles = box if stage is None else f"{box}/{stage}"
+                os.environ["FUSEDOPS_NA_BWD_TILES" if backward else "FUSEDOPS_NA_TILES"] = tiles
+                try:
+                    us = sum(gpu_kernel_times_us(fn).values())
+                    print(f"{name} {'fwd+bwd (bwd' if backward else 'fwd (fwd'} tiles {tiles:20s}) GPU {us:8.1f} us",
+                          flush=True)
+                except Exception as e:  # noqa: BLE001
+                    print(f"{name} {tiles}: {type(e).__name__}: {str(e)[:160]}", flush=True)
+            os.environ.pop("FUSEDOPS_NA_BWD_TILES" if backward else "FUSEDOPS_NA_TILES", None)
+
+
 def selected_cases() -> list:
     """CASES, or those whose kernel string (e.g. "7", "7x7") is listed in TUNE_KERNELS."""
     wanted = os.environ.get("TUNE_KERNELS", "").split()
@@ -75,6 +114,9 @@ def selected_cases() -> list:
 def main() -> None:
     if os.environ.get("TUNE_FORWARD") == "1":
         forward_sweep()
+        return
+    if os.environ.get("TUNE_STAGES") == "1":
+        stages_sweep()
         return
     for b, h, spatial, d, kernel in selected_cases():
         gen = torch.Generator(device="cuda").manual_seed(0)

@@ -153,7 +153,7 @@ def _meta(plan, window: str, ndim: int) -> dict:
         TRUNCATED=window == "truncated", NDIM=ndim,
         BM0=plan.bm[0], BM1=plan.bm[1], BM2=plan.bm[2], BN0=plan.bn[0], BN1=plan.bn[1], BN2=plan.bn[2],
         BLOCK_D=plan.block_d, BLOCK_DV=plan.block_dv, DOT_FP32=plan.dot_fp32, PRECISION=plan.precision,
-        num_warps=plan.num_warps,
+        num_warps=plan.num_warps, **({} if plan.num_stages is None else {"num_stages": plan.num_stages}),
     )
 
 

@@ -7,7 +7,7 @@ axis first) until one program's working set fits the target's on-chip budget: re
 the 192 KiB Unified Buffer on Ascend. Ascend launches a persistent grid of one program per AI core
 (never more than 65535 programs); CUDA launches one program per tile.
 
-FUSEDOPS_NA_TILES="bm0,bm1,bm2/bn0,bn1,bn2[/warps]" overrides the boxes (for benchmark sweeps);
+FUSEDOPS_NA_TILES="bm0,bm1,bm2/bn0,bn1,bn2[/warps[/stages]]" overrides the boxes (for benchmark sweeps);
 FUSEDOPS_NA_BWD_TILES does the same for the backward kernels only.
 """
 
@@ -59,6 +59,7 @@ class Plan:
     num_warps: int
     dot_fp32: bool  # upcast dot operands in the kernel (the interpreter's bf16 dot is unreliable)
     precision: str  # tl.dot input_precision: "ieee" keeps fp32 inputs exact
+    num_stages: int | None = None  # software-pipelining depth of the key/query loops; None: Triton's default
 
     @property
     def block_m(self) -> int:
@@ -97,7 +98,7 @@ def tiles_override() -> str:
     return os.environ.get("FUSEDOPS_NA_TILES", "") + "|" + os.environ.get("FUSEDOPS_NA_BWD_TILES", "")
 
 
-def _override(backward: bool) -> tuple[tuple[int, ...], tuple[int, ...], int | None] | None:
+def _override(backward: bool) -> tuple[tuple[int, ...], tuple[int, ...], int | None, int | None] | None:
     forward, backward_raw = tiles_override().split("|")
     raw = (backward_raw if backward and backward_raw.strip() else forward).strip()
     if not raw:
@@ -106,7 +107,8 @@ def _override(backward: bool) -> tuple[tuple[int, ...], tuple[int, ...], int | N
     bm = tuple(int(x) for x in parts[0].split(","))
     bn = tuple(int(x) for x in parts[1].split(","))
     warps = int(parts[2]) if len(parts) > 2 else None
-    return bm, bn, warps
+    stages = int(parts[3]) if len(parts) > 3 else None
+    return bm, bn, warps, stages
 
 
 def make_plan(
@@ -123,7 +125,7 @@ def make_plan(
     floor = 1 if interpreted and target.vendor == "cuda" else MIN_DOT
     boxes = CUDA_BOXES if (target.vendor == "cuda" and not interpreted) else LARGE_BOXES
     bm, bn = (list(b) for b in boxes[ndim])
-    warps = None
+    warps = stages = None
     if boxes is CUDA_BOXES and not backward:
         box_m, box_n, warps = CUDA_FORWARD[ndim]
         bm, bn = list(box_m), list(box_n)
@@ -136,7 +138,7 @@ def make_plan(
         warps = 4
     override = _override(backward)
     if override is not None and not interpreted:
-        bm, bn, warps = list(override[0]), list(override[1]), override[2]
+        bm, bn, warps, stages = list(override[0]), list(override[1]), override[2], override[3]
     bm = _clamp(bm, group_len, floor)
     bn = _clamp(bn, group_len, floor)
     # shrink to the on-chip budget, the larger of the two boxes first, along its longest axis
@@ -153,7 +155,7 @@ def make_plan(
     if warps is None:
         warps = 4 if bm[0] * bm[1] * bm[2] * bn[0] * bn[1] * bn[2] <= 64 * 64 else 8
     return Plan(
-        bm=tuple(bm), bn=tuple(bn), block_d=block_d, block_dv=block_dv, num_warps=warps,
+        bm=tuple(bm), bn=tuple(bn), block_d=block_d, block_dv=block_dv, num_warps=warps, num_stages=stages,
         dot_fp32=interpreted or dtype == torch.float32,
         precision="ieee" if (interpreted or dtype == torch.float32) else "tf32",
     )
