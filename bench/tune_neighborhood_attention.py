@@ -1,7 +1,8 @@
 """Sweep neighborhood-attention tiles on a GPU (not part of `python -m bench`): GPU time (profiler) of
-one fwd+bwd step per FUSEDOPS_NA_BWD_TILES setting, the forward plan fixed; with TUNE_FORWARD=1, the
-forward kernel alone per FUSEDOPS_NA_TILES setting on the benchmark's cases. A plan change is backed by
-a measurement. Usage: python -m bench.tune_neighborhood_attention"""
+one fwd+bwd step per FUSEDOPS_NA_BWD_TILES setting, the forward plan fixed (TUNE_KERNELS="7 7x7" picks
+cases by kernel); TUNE_FORWARD=1: the forward kernel alone per FUSEDOPS_NA_TILES setting on the
+benchmark's cases; TUNE_STAGES=1: the planner's tiles at each pipelining depth. A plan change is backed
+by a measurement. Usage: python -m bench.tune_neighborhood_attention"""
 
 from __future__ import annotations
 
