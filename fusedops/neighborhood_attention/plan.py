@@ -27,7 +27,7 @@ CUDA_BOXES = {
     2: ((1, 8, 8), (1, 8, 16)),
     3: ((4, 4, 8), (4, 4, 8)),
 }
-WIDE_WINDOW = 64  # 1D backward: wider windows take 64-key tiles (see make_plan)
+NARROW_WINDOW, WIDE_WINDOW = 16, 64  # 1D backward tiles by window width (see make_plan)
 # The forward's (query box, key box, warps): H100 sweep of the forward kernel alone in GPU time
 # (bench.tune_neighborhood_attention TUNE_FORWARD=1, bench/NOTES.md run 12), every benchmark case.
 # Against the previous forward plans (1D k >= 16: 128 x 32 on 8 warps; 2D: 8x8 x 8x16 on 8 warps; 3D:
@@ -130,10 +130,14 @@ def make_plan(
         box_m, box_n, warps = CUDA_FORWARD[ndim]
         bm, bn = list(box_m), list(box_n)
     elif boxes is CUDA_BOXES and ndim == 1:
-        # H100 sweeps (bench.tune_neighborhood_attention, GPU time of fwd+bwd): 64-query tiles on 4 warps;
-        # 32-key tiles up to k33 (k7 0.125 -> 0.107 ms, k33 1.035 -> 0.685), 64-key tiles for windows wider
-        # than that (run 12: k129 0.210 -> 0.180 ms; at k7 64 keys cost 5%, at k33 they tie)
-        bm, bn, warps = [1, 1, 64], [1, 1, 64 if kernel_volume > WIDE_WINDOW else 32], 4
+        # H100 sweeps (GPU time of fwd+bwd, bench/NOTES.md runs 9 and 12): 64 queries x 32 keys on 4 warps
+        # (k33 1.035 -> 0.685 ms against the first plan); 64-key tiles for windows wider than 64 (k129
+        # 0.210 -> 0.180 ms; they tie at k33 and cost 5% at k7); 32 x 16 on 2 warps for windows up to 16
+        # (k3-k15 at D = 64 and 128: -4% to -6%; +12% at k31)
+        if kernel_volume <= NARROW_WINDOW:
+            bm, bn, warps = [1, 1, 32], [1, 1, 16], 2
+        else:
+            bm, bn, warps = [1, 1, 64], [1, 1, 64 if kernel_volume > WIDE_WINDOW else 32], 4
     elif boxes is CUDA_BOXES and ndim == 3:
         warps = 4
     override = _override(backward)
