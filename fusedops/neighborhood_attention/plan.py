@@ -130,10 +130,10 @@ def make_plan(
         box_m, box_n, warps = CUDA_FORWARD[ndim]
         bm, bn = list(box_m), list(box_n)
     elif boxes is CUDA_BOXES and ndim == 1:
-        # H100 sweeps (GPU time of fwd+bwd, bench/NOTES.md runs 9 and 12): 64 queries x 32 keys on 4 warps
+        # H100 sweeps (GPU time of fwd+bwd, bench/NOTES.md runs 9, 12, 13): 64 queries x 32 keys on 4 warps
         # (k33 1.035 -> 0.685 ms against the first plan); 64-key tiles for windows wider than 64 (k129
         # 0.210 -> 0.180 ms; they tie at k33 and cost 5% at k7); 32 x 16 on 2 warps for windows up to 16
-        # (k3-k15 at D = 64 and 128: -4% to -6%; +12% at k31)
+        # (k3-k15 at D = 64 and 128: -1% to -6%; +12% at k31)
         if kernel_volume <= NARROW_WINDOW:
             bm, bn, warps = [1, 1, 32], [1, 1, 16], 2
         else:
