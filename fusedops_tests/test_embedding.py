@@ -422,7 +422,7 @@ def test_plans_fit_targets(V, D, elem):
 def test_cuda_backward_plan_is_the_measured_one(V, D, shape, warps, cap):
     """The H100 backward plan (bench/NOTES.md, embedding v5): 4-row tiles (at least 512 elements for
     narrow rows); 1024-wide feature blocks on 4 warps with registers capped at 128, shorter ones on 2
-    warps uncapped; one program per work item: the run items (tokens x feature blocks), then the tiles."""
+    warps uncapped; one program per work item: run items (tokens x feature blocks) and zero tiles."""
     p = make_plan(H100, V, D, 2, backward=True, tokens=3000)
     assert (p.block_rows, p.block_d, p.num_warps, p.max_registers) == (*shape, warps, cap)
     assert p.grid == p.tiles(V, D) + 3000 * -(-D // p.block_d)

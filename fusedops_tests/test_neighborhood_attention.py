@@ -17,7 +17,7 @@ import fusedops
 from fusedops.neighborhood_attention import reference
 from fusedops.neighborhood_attention.kernels import _query_span
 from fusedops.neighborhood_attention.plan import make_plan
-from fusedops.targets import ascend_target, cuda_target
+from fusedops.targets import Target, ascend_target, cuda_target
 
 from .helpers import (
     DTYPES,
@@ -483,6 +483,26 @@ def test_ascend_plan_respects_budget_and_grid():
     assert _footprint(plan.block_m, plan.block_n, plan.block_d, plan.block_dv, True) <= target.onchip_bytes
     from fusedops.neighborhood_attention.plan import grid
     assert grid(target, 10**7) <= min(target.max_grid, target.matrix_cores * target.resident)
+
+
+@pytest.mark.parametrize("spatial, kernel, backward, bm, bn, warps", [
+    ([4096], 7, False, (1, 1, 64), (1, 1, 32), 4),
+    ([64, 64], 49, False, (1, 8, 8), (1, 8, 8), 4),
+    ([16, 32, 32], 343, False, (4, 4, 8), (2, 4, 8), 4),
+    ([4096], 7, True, (1, 1, 32), (1, 1, 16), 2),
+    ([8192], 33, True, (1, 1, 64), (1, 1, 32), 4),
+    ([16384], 129, True, (1, 1, 64), (1, 1, 64), 4),
+    ([64, 64], 49, True, (1, 8, 8), (1, 8, 8), 4),
+])
+def test_cuda_plan_is_the_measured_one(spatial, kernel, backward, bm, bn, warps):
+    """The H100 plans chosen from device-time sweeps (bench/NOTES.md, neighborhood attention runs 12-13):
+    4-warp forwards (1D 64 x 32, 2D 8x8 boxes, 3D 4x4x8 x 2x4x8); 1D backward tiles by window width."""
+    target = Target(vendor="cuda", vector_cores=132, matrix_cores=132, onchip_bytes=192 * 1024,
+                    max_grid=2**31 - 1, row_align=16, resident=4, persistent=False)
+    pad = [1] * (3 - len(spatial))
+    plan = make_plan(target, pad + spatial, [1, 1, 1], 64, 64, torch.bfloat16, len(spatial), backward=backward,
+                     kernel_volume=kernel)
+    assert (plan.bm, plan.bn, plan.num_warps, plan.num_stages) == (bm, bn, warps, None)
 
 
 # ---- real kernels on a GPU ------------------------------------------------------------------------------
