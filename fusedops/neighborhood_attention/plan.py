@@ -22,8 +22,8 @@ import torch
 from fusedops.targets import Target
 
 # Boxes per number of spatial axes (padded to 3 axes, leading axes first).
-CUDA_BOXES = {
-    1: ((1, 1, 64), (1, 1, 64)),
+# The 2D/3D backward's starting boxes (the budget loop shrinks them; 1D picks its tiles by window width).
+CUDA_BACKWARD_BOXES = {
     2: ((1, 8, 8), (1, 8, 16)),
     3: ((4, 4, 8), (4, 4, 8)),
 }
@@ -123,13 +123,13 @@ def make_plan(
     # tl.dot tiles keep M, N, K >= 16 except on the CUDA plan's interpreter (upstream triton's allows
     # any size): triton-ascend 3.2's interpreter asserts 16 (the Ascend CI stage), as GPUs need.
     floor = 1 if interpreted and target.vendor == "cuda" else MIN_DOT
-    boxes = CUDA_BOXES if (target.vendor == "cuda" and not interpreted) else LARGE_BOXES
-    bm, bn = (list(b) for b in boxes[ndim])
     warps = stages = None
-    if boxes is CUDA_BOXES and not backward:
+    if target.vendor != "cuda" or interpreted:
+        bm, bn = (list(b) for b in LARGE_BOXES[ndim])
+    elif not backward:
         box_m, box_n, warps = CUDA_FORWARD[ndim]
         bm, bn = list(box_m), list(box_n)
-    elif boxes is CUDA_BOXES and ndim == 1:
+    elif ndim == 1:
         # H100 sweeps (GPU time of fwd+bwd, bench/NOTES.md runs 9, 12, 13): 64 queries x 32 keys on 4 warps
         # (k33 1.035 -> 0.685 ms against the first plan); 64-key tiles for windows wider than 64 (k129
         # 0.210 -> 0.180 ms; they tie at k33 and cost 5% at k7); 32 x 16 on 2 warps for windows up to 16
@@ -138,8 +138,9 @@ def make_plan(
             bm, bn, warps = [1, 1, 32], [1, 1, 16], 2
         else:
             bm, bn, warps = [1, 1, 64], [1, 1, 64 if kernel_volume > WIDE_WINDOW else 32], 4
-    elif boxes is CUDA_BOXES and ndim == 3:
-        warps = 4
+    else:
+        bm, bn = (list(b) for b in CUDA_BACKWARD_BOXES[ndim])
+        warps = 4 if ndim == 3 else None
     override = _override(backward)
     if override is not None and not interpreted:
         bm, bn, warps, stages = list(override[0]), list(override[1]), override[2], override[3]
