@@ -14,7 +14,7 @@ import torch
 import fusedops
 from bench.common import gpu_kernel_times_us, gpu_time_ms
 
-CASES = [  # (B, H, spatial, D, kernel)
+CASES = [  # (B, H, spatial, D, kernel): python -m bench neighborhood_attention's cases
     (2, 12, (4096,), 64, (7,)),
     (2, 16, (8192,), 128, (33,)),
     (1, 8, (16384,), 64, (129,)),
@@ -34,10 +34,6 @@ VARIANTS = {
 }
 
 
-FORWARD_CASES = [  # python -m bench neighborhood_attention's cases
-    (2, 12, (4096,), 64, (7,)), (2, 16, (8192,), 128, (33,)), (1, 8, (16384,), 64, (129,)),
-    (1, 16, (64, 64), 64, (7, 7)), (1, 24, (128, 128), 128, (13, 13)), (1, 16, (16, 32, 32), 64, (7, 7, 7)),
-]
 FORWARD_VARIANTS = {
     1: ["", "1,1,64/1,1,64/4", "1,1,64/1,1,32/4", "1,1,64/1,1,16/4", "1,1,32/1,1,32/4", "1,1,128/1,1,32/8",
         "1,1,128/1,1,64/8", "1,1,128/1,1,16/8", "1,1,128/1,1,128/8", "1,1,128/1,1,32/4", "1,1,256/1,1,32/8"],
@@ -48,11 +44,20 @@ FORWARD_VARIANTS = {
 }
 
 
+def _inputs(b, h, spatial, d, grad=True):
+    """q, k, v: bf16 [B, H, *spatial, D] on the GPU, the same values for every variant of a case."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    return tuple(torch.randn(b, h, *spatial, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+                 .requires_grad_(grad) for _ in range(3))
+
+
+def _name(spatial, d, kernel) -> str:
+    return f"{'x'.join(map(str, spatial))} D{d} k{'x'.join(map(str, kernel))}"
+
+
 def forward_sweep() -> None:
-    for b, h, spatial, d, kernel in FORWARD_CASES:
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        q, k, v = (torch.randn(b, h, *spatial, d, device="cuda", dtype=torch.bfloat16, generator=gen)
-                   for _ in range(3))
+    for b, h, spatial, d, kernel in CASES:
+        q, k, v = _inputs(b, h, spatial, d, grad=False)
         expected = None
         for tiles in FORWARD_VARIANTS[len(spatial)]:
             os.environ["FUSEDOPS_NA_TILES"] = tiles
@@ -61,8 +66,8 @@ def forward_sweep() -> None:
                 expected = out if expected is None else expected
                 same = torch.allclose(out.float(), expected.float(), atol=2e-2, rtol=2e-2)
                 us = sum(gpu_kernel_times_us(lambda: fusedops.neighborhood_attention(q, k, v, list(kernel))).values())
-                print(f"{'x'.join(map(str, spatial))} D{d} k{'x'.join(map(str, kernel))} fwd tiles "
-                      f"{tiles or '(planner)':22s} GPU {us:7.1f} us{'' if same else ' DIFFERENT RESULT'}", flush=True)
+                print(f"{_name(spatial, d, kernel)} fwd tiles {tiles or '(planner)':22s} GPU {us:7.1f} us"
+                      f"{'' if same else ' DIFFERENT RESULT'}", flush=True)
             except Exception as e:  # noqa: BLE001
                 print(f"{spatial} k{kernel} {tiles}: {type(e).__name__}: {str(e)[:120]}", flush=True)
         os.environ.pop("FUSEDOPS_NA_TILES", None)
@@ -75,13 +80,11 @@ def stages_sweep() -> None:
     from fusedops.targets import target_for
 
     target = target_for(torch.device("cuda"))
-    for b, h, spatial, d, kernel in FORWARD_CASES:
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        q, k, v = (torch.randn(b, h, *spatial, d, device="cuda", dtype=torch.bfloat16, generator=gen)
-                   .requires_grad_() for _ in range(3))
+    for b, h, spatial, d, kernel in CASES:
+        q, k, v = _inputs(b, h, spatial, d)
         go = torch.randn_like(q)
         pad = [1] * (3 - len(spatial))
-        name = f"{'x'.join(map(str, spatial))} D{d} k{'x'.join(map(str, kernel))}"
+        name = _name(spatial, d, kernel)
 
         def fwd():
             with torch.no_grad():
@@ -120,9 +123,7 @@ def main() -> None:
         stages_sweep()
         return
     for b, h, spatial, d, kernel in selected_cases():
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        q, k, v = (torch.randn(b, h, *spatial, d, device="cuda", dtype=torch.bfloat16, generator=gen)
-                   .requires_grad_() for _ in range(3))
+        q, k, v = _inputs(b, h, spatial, d)
         go = torch.randn_like(q)
 
         def step():
@@ -133,8 +134,8 @@ def main() -> None:
             os.environ["FUSEDOPS_NA_BWD_TILES"] = tiles
             try:
                 ms = gpu_time_ms(step)
-                print(f"{'x'.join(map(str, spatial))} D{d} k{'x'.join(map(str, kernel))} bwd tiles "
-                      f"{tiles or '(planner)':22s} fwd+bwd GPU {ms:.4f} ms", flush=True)
+                print(f"{_name(spatial, d, kernel)} bwd tiles {tiles or '(planner)':22s} fwd+bwd GPU {ms:.4f} ms",
+                      flush=True)
             except Exception as e:  # noqa: BLE001
                 print(f"{spatial} k{kernel} {tiles}: {type(e).__name__}: {str(e)[:120]}", flush=True)
         os.environ.pop("FUSEDOPS_NA_BWD_TILES", None)
