@@ -16,7 +16,8 @@ import triton.language as tl
 import fusedops
 from fusedops.neighborhood_attention import reference
 from fusedops.neighborhood_attention.kernels import _query_span
-from fusedops.neighborhood_attention.plan import make_plan
+from fusedops.neighborhood_attention.op import reach
+from fusedops.neighborhood_attention.plan import fused_1d_block, make_plan
 from fusedops.targets import Target, ascend_target, cuda_target
 
 from .helpers import (
@@ -210,6 +211,46 @@ def test_kernels_many_tiles_small_budget(path, ndim):
                          ndim, backward=True)
         assert plan.block_m < math.prod(spatial) and plan.block_n < math.prod(spatial)
         check_case(case)
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+@pytest.mark.parametrize("ks, dil, strd, causal, window, groups", [
+    (3, 1, 1, False, "shifted", 1),
+    (5, 2, 2, False, "shifted", 2),  # dilation groups of different lengths, stride leaders, GQA
+    (4, 1, 3, True, "shifted", 3),
+    (7, 3, 1, False, "truncated", 1),
+    (5, 1, 1, True, "truncated", 2),
+])
+def test_fused_1d_backward_many_blocks(path, ks, dil, strd, causal, window, groups):
+    """The fused 1-D backward (one score block of owned rows plus a halo per program) on problems of
+    several blocks per dilation group, so halo rows owned by a neighbour are read but never written."""
+    length = 200
+    case = dict(spatial=[length], ks=[ks], dil=[dil], strd=[strd], causal=[causal], window=window, batch=2,
+                kv_heads=2, groups=groups, head_dim=16, head_dim_v=24, dtype=torch.float32, strided=True,
+                scale=None, with_lse_grad=True, seed=ks + 10 * dil)
+    with execution_path(path):
+        target = cuda_target(interpreted=True) if path == "cuda" else ascend_target(interpreted=True)
+        plan = make_plan(target, [1, 1, length], [1, 1, dil], 16, 24, torch.float32, 1, backward=True,
+                         halo=reach(ks, strd, causal, window))
+        assert plan.fused and plan.block_m - 2 * reach(ks, strd, causal, window) < -(-length // dil)
+        check_case(case)
+
+
+def test_window_reach_bounds_every_window():
+    """reach() is the fused backward's halo: no key of any window lies farther from its query (checked
+    against the issue's key lists for every axis length <= 24, kernel, stride and causality), and it
+    is attained for stride 1, so the halo is no wider than it must be."""
+    for lg in range(2, 25):
+        for k in range(2, lg + 1):
+            for s in range(1, k + 1):
+                for causal in (False, True):
+                    for window in ("shifted", "truncated"):
+                        if window == "truncated" and (s != 1 or (k % 2 == 0 and not causal)):
+                            continue
+                        far = max(abs(j - i) for i in range(lg) for j in axis_keys(lg, k, 1, s, causal, window, i))
+                        assert far <= reach(k, s, causal, window), (lg, k, s, causal, window)
+                        if s == 1 and lg >= 2 * k:
+                            assert far == reach(k, s, causal, window), (lg, k, causal, window)
 
 
 # ---- the formulas pinned by hand: border rows of every mode ---------------------------------------------
@@ -485,24 +526,33 @@ def test_ascend_plan_respects_budget_and_grid():
     assert grid(target, 10**7) <= min(target.max_grid, target.matrix_cores * target.resident)
 
 
-@pytest.mark.parametrize("spatial, kernel, backward, bm, bn, warps", [
-    ([4096], 7, False, (1, 1, 64), (1, 1, 32), 4),
-    ([64, 64], 49, False, (1, 8, 8), (1, 8, 8), 4),
-    ([16, 32, 32], 343, False, (4, 4, 8), (2, 4, 8), 4),
-    ([4096], 7, True, (1, 1, 32), (1, 1, 16), 2),
-    ([8192], 33, True, (1, 1, 64), (1, 1, 32), 4),
-    ([16384], 129, True, (1, 1, 64), (1, 1, 64), 4),
-    ([64, 64], 49, True, (1, 8, 8), (1, 8, 8), 4),
+@pytest.mark.parametrize("spatial, kernel, d, dtype, backward, bm, bn, warps, fused", [
+    ([4096], 7, 64, torch.bfloat16, False, (1, 1, 64), (1, 1, 32), 4, False),
+    ([64, 64], 49, 64, torch.bfloat16, False, (1, 8, 8), (1, 8, 8), 4, False),
+    ([16, 32, 32], 343, 64, torch.bfloat16, False, (4, 4, 8), (2, 4, 8), 4, False),
+    ([4096], 7, 64, torch.bfloat16, True, (1, 1, 64), (1, 1, 64), 4, True),
+    ([4096], 17, 64, torch.float16, True, (1, 1, 64), (1, 1, 64), 4, True),
+    ([8192], 15, 128, torch.bfloat16, True, (1, 1, 64), (1, 1, 64), 4, True),
+    ([4096], 7, 64, torch.float32, True, (1, 1, 32), (1, 1, 16), 2, False),
+    ([8192], 17, 128, torch.bfloat16, True, (1, 1, 32), (1, 1, 32), 4, False),
+    ([4096], 31, 64, torch.bfloat16, True, (1, 1, 64), (1, 1, 32), 4, False),
+    ([8192], 33, 64, torch.bfloat16, True, (1, 1, 64), (1, 1, 32), 4, False),
+    ([16384], 129, 64, torch.bfloat16, True, (1, 1, 64), (1, 1, 64), 4, False),
+    ([64, 64], 49, 64, torch.bfloat16, True, (1, 8, 8), (1, 8, 8), 4, False),
 ])
-def test_cuda_plan_is_the_measured_one(spatial, kernel, backward, bm, bn, warps):
-    """The H100 plans chosen from device-time sweeps (bench/NOTES.md, neighborhood attention runs 12-13):
-    4-warp forwards (1D 64 x 32, 2D 8x8 boxes, 3D 4x4x8 x 2x4x8); 1D backward tiles by window width."""
+def test_cuda_plan_is_the_measured_one(spatial, kernel, d, dtype, backward, bm, bn, warps, fused):
+    """The H100 plans chosen from device-time sweeps (bench/NOTES.md, neighborhood attention runs 12-14):
+    4-warp forwards (1D 64 x 32, 2D 8x8 boxes, 3D 4x4x8 x 2x4x8); the fused 1-D backward (64 rows, 4 warps,
+    one stage) for 16-bit inputs up to k17 at D 64 and k15 at D 128; otherwise 1D tiles by window width."""
     target = Target(vendor="cuda", vector_cores=132, matrix_cores=132, onchip_bytes=192 * 1024,
                     max_grid=2**31 - 1, row_align=16, resident=4, persistent=False)
     pad = [1] * (3 - len(spatial))
-    plan = make_plan(target, pad + spatial, [1, 1, 1], 64, 64, torch.bfloat16, len(spatial), backward=backward,
-                     kernel_volume=kernel)
-    assert (plan.bm, plan.bn, plan.num_warps, plan.num_stages) == (bm, bn, warps, None)
+    halo = reach(kernel, 1, False, "shifted") if len(spatial) == 1 else None
+    plan = make_plan(target, pad + spatial, [1, 1, 1], d, d, dtype, len(spatial), backward=backward,
+                     kernel_volume=kernel, halo=halo)
+    stages = 1 if fused else None
+    assert (plan.bm, plan.bn, plan.num_warps, plan.num_stages, plan.fused) == (bm, bn, warps, stages, fused)
+    assert fused_1d_block(target, 1, 256, 256, torch.bfloat16) is None  # the widest heads: two kernels
 
 
 # ---- real kernels on a GPU ------------------------------------------------------------------------------
@@ -510,6 +560,7 @@ def test_cuda_plan_is_the_measured_one(spatial, kernel, backward, bm, bn, warps)
 GPU_CASES = [
     # (spatial, kernel, dilation, stride, causal, window, B, H, Hkv, D)
     ((4096,), (7,), (1,), (1,), (False,), "truncated", 2, 4, 4, 64),
+    ((4099,), (9,), (2,), (3,), (False,), "shifted", 1, 8, 2, 64),  # the fused 1-D backward, GQA
     ((2048,), (33,), (2,), (4,), (False,), "shifted", 1, 4, 2, 128),
     ((4096,), (129,), (1,), (1,), (True,), "shifted", 1, 2, 1, 64),
     ((64, 64), (7, 7), (1, 1), (1, 1), (False, False), "shifted", 1, 4, 4, 64),

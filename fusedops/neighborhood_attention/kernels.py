@@ -431,3 +431,82 @@ def na_bwd_dkdv_kernel(
                  mask=col_ok[None, :] & d_mask[:, None])
         tl.store(dv_ptr + flat_k[:, None] * DV + dv_off[None, :], dv.to(dv_ptr.dtype.element_ty),
                  mask=col_ok[:, None] & dv_mask[None, :])
+
+
+@triton.jit
+def na_bwd_fused_1d_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, o_ptr, lse_ptr, dlse_ptr, dq_ptr, dk_ptr, dv_ptr,
+    sqb, sqh, sq, skb, skh, sk, svb, svh, sv, sdb, sdh, sd,
+    H, HKV, G, D, DV, L, K, DL, ST, CAUSAL, HALO, OWN, NB, num_tiles, qk_scale, scale,
+    TRUNCATED: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, HAS_DLSE: tl.constexpr,
+):
+    """The whole backward of a 1-D problem with a narrow window, in one launch. A program owns OWN
+    consecutive within-group positions of one (batch, kv head, dilation group) and loads the BLOCK =
+    OWN + 2 * HALO rows around them, HALO being at least the largest |key - query| of any window: the
+    owned queries' keys and the owned keys' queries all lie in the block, so one score block per query
+    head gives dQ of the owned queries and dK/dV of the owned keys (summed over the GQA group's heads in
+    order). delta = rowsum(dO * O) - dLSE is recomputed per row; nothing goes through memory twice
+    except the halo rows. Deterministic: every output row is written once by its owner."""
+    qk_scale = tl.cast(qk_scale, tl.float32)  # Inductor passes Python floats as fp64
+    scale = tl.cast(scale, tl.float32)
+    pid = tl.program_id(0)
+    dq_off = tl.arange(0, BLOCK_D)
+    dv_off = tl.arange(0, BLOCK_DV)
+    d_mask = dq_off < D
+    dv_mask = dv_off < DV
+    for tile in range(pid, num_tiles, tl.num_programs(0)):
+        t = tile % NB
+        rest = tile // NB
+        g = rest % DL
+        rest = rest // DL
+        hk = rest % HKV
+        b = rest // HKV
+        lg = _group_len(L, DL, g)
+        first = t * OWN
+        i = first - HALO + tl.arange(0, BLOCK)  # within-group coordinates of the block's rows
+        valid = (i >= 0) & (i < lg)
+        own = valid & (i >= first) & (i < first + OWN)
+        pos = tl.where(valid, i * DL + g, 0).to(tl.int64)
+        lo, hi = _window(i, lg, K, ST, CAUSAL, TRUNCATED)
+        ok = valid[:, None] & valid[None, :] & (i[None, :] >= lo[:, None]) & (i[None, :] <= hi[:, None])
+        k_cols = b.to(tl.int64) * skb + hk.to(tl.int64) * skh + pos * sk
+        v_cols = b.to(tl.int64) * svb + hk.to(tl.int64) * svh + pos * sv
+        kt = tl.load(k_ptr + k_cols[None, :] + dq_off[:, None], mask=valid[None, :] & d_mask[:, None], other=0.0)
+        vt = tl.load(v_ptr + v_cols[None, :] + dv_off[:, None], mask=valid[None, :] & dv_mask[:, None], other=0.0)
+        if DOT_FP32:
+            kt = kt.to(tl.float32)
+            vt = vt.to(tl.float32)
+        dk = tl.zeros([BLOCK, BLOCK_D], tl.float32)
+        dv = tl.zeros([BLOCK, BLOCK_DV], tl.float32)
+        for gh in range(0, G):
+            h = hk * G + gh
+            q_rows = b.to(tl.int64) * sqb + h.to(tl.int64) * sqh + pos * sq
+            do_rows = b.to(tl.int64) * sdb + h.to(tl.int64) * sdh + pos * sd
+            q = tl.load(q_ptr + q_rows[:, None] + dq_off[None, :], mask=valid[:, None] & d_mask[None, :], other=0.0)
+            do = tl.load(do_ptr + do_rows[:, None] + dv_off[None, :], mask=valid[:, None] & dv_mask[None, :],
+                         other=0.0)
+            flat = (b * H + h).to(tl.int64) * L + pos
+            o = tl.load(o_ptr + flat[:, None] * DV + dv_off[None, :], mask=valid[:, None] & dv_mask[None, :],
+                        other=0.0)
+            delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+            if HAS_DLSE:
+                delta -= tl.load(dlse_ptr + flat, mask=valid, other=0.0).to(tl.float32)
+            lse2 = tl.load(lse_ptr + flat, mask=valid, other=0.0) * 1.4426950408889634
+            if DOT_FP32:
+                q = q.to(tl.float32)
+                do = do.to(tl.float32)
+            s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
+            p = tl.where(ok, tl.exp2(s - lse2[:, None]), 0.0)
+            dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PRECISION)
+            dp = tl.dot(do, vt, input_precision=PRECISION)
+            ds = p * (dp - delta[:, None])
+            dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PRECISION)
+            dq = tl.dot(ds.to(kt.dtype), tl.trans(kt), input_precision=PRECISION) * scale
+            tl.store(dq_ptr + flat[:, None] * D + dq_off[None, :], dq.to(dq_ptr.dtype.element_ty),
+                     mask=own[:, None] & d_mask[None, :])
+        flat_k = (b * HKV + hk).to(tl.int64) * L + pos
+        tl.store(dk_ptr + flat_k[:, None] * D + dq_off[None, :], (dk * scale).to(dk_ptr.dtype.element_ty),
+                 mask=own[:, None] & d_mask[None, :])
+        tl.store(dv_ptr + flat_k[:, None] * DV + dv_off[None, :], dv.to(dv_ptr.dtype.element_ty),
+                 mask=own[:, None] & dv_mask[None, :])

@@ -14,7 +14,7 @@ from fusedops.targets import Target, target_for
 from fusedops.validation import check_float, check_last_dim_contiguous, check_same_device
 
 from . import reference
-from .kernels import LOG2E, na_bwd_dkdv_kernel, na_bwd_dq_kernel, na_fwd_kernel
+from .kernels import LOG2E, na_bwd_dkdv_kernel, na_bwd_dq_kernel, na_bwd_fused_1d_kernel, na_fwd_kernel
 from .plan import grid as plan_grid
 from .plan import make_plan, tiles_override
 
@@ -119,8 +119,17 @@ def _strides(stride: Sequence[int]) -> list[int]:
     return [stride[0], stride[1]] + _pad3(list(stride[2:-1]), 0)
 
 
+def reach(kernel: int, stride: int, causal: bool, window: str) -> int:
+    """The largest |key - query| (within-group) of any window on one axis: kernel - 1 plus the
+    leader's offset for shifted windows (the window slides inward at the borders), half the kernel
+    for truncated ones."""
+    if causal:
+        return kernel - 1
+    return kernel // 2 if window == "truncated" else kernel - 1 + stride // 2
+
+
 class _Geometry:
-    def __init__(self, q_shape, k_shape, v_shape, ks, dil, st, causal):
+    def __init__(self, q_shape, k_shape, v_shape, ks, dil, st, causal, window="shifted"):
         self.ndim = len(q_shape) - 3
         self.spatial = _pad3(list(q_shape[2:-1]), 1)
         self.kernel = _pad3(ks, 1)
@@ -129,6 +138,7 @@ class _Geometry:
         self.causal = [int(c) for c in _pad3(causal, False)]
         self.batch, self.heads, self.kv_heads = q_shape[0], q_shape[1], k_shape[1]
         self.head_dim, self.head_dim_v = q_shape[-1], v_shape[-1]
+        self.halo = reach(self.kernel[2], self.stride[2], bool(self.causal[2]), window) if self.ndim == 1 else None
 
     def axis_args(self) -> list[int]:
         return [*self.spatial, *self.kernel, *self.dilation, *self.stride, *self.causal]
@@ -145,13 +155,19 @@ class _Geometry:
 
     def plan(self, target: Target, dtype: torch.dtype, backward: bool):
         return make_plan(target, self.spatial, self.dilation, self.head_dim, self.head_dim_v, dtype, self.ndim,
-                         backward=backward, kernel_volume=math.prod(self.kernel))
+                         backward=backward, kernel_volume=math.prod(self.kernel), halo=self.halo)
 
 
 def _meta(plan, window: str, ndim: int) -> dict:
     return dict(
         TRUNCATED=window == "truncated", NDIM=ndim,
         BM0=plan.bm[0], BM1=plan.bm[1], BM2=plan.bm[2], BN0=plan.bn[0], BN1=plan.bn[1], BN2=plan.bn[2],
+        **_launch_meta(plan),
+    )
+
+
+def _launch_meta(plan) -> dict:
+    return dict(
         BLOCK_D=plan.block_d, BLOCK_DV=plan.block_dv, DOT_FP32=plan.dot_fp32, PRECISION=plan.precision,
         num_warps=plan.num_warps, **({} if plan.num_stages is None else {"num_stages": plan.num_stages}),
     )
@@ -190,9 +206,12 @@ def _forward(q, k, v, ks, dil, st, causal, scale, window, target: Target) -> tup
 
 @memoize
 def _backward_spec(q_shape, q_stride, k_shape, k_stride, v_shape, v_stride, go_stride, dtype, ks, dil, st, causal,
-                   scale, window, has_dlse, target: Target, tiles_env) -> tuple[Launch, Launch]:
-    geo = _Geometry(q_shape, k_shape, v_shape, ks, dil, st, causal)
+                   scale, window, has_dlse, target: Target, tiles_env) -> tuple[Launch, ...]:
+    """The backward's launches: (fused,) for a narrow 1-D window, else (dQ + delta, dK/dV)."""
+    geo = _Geometry(q_shape, k_shape, v_shape, ks, dil, st, causal, window)
     plan = geo.plan(target, dtype, backward=True)
+    if plan.fused:
+        return (_fused_spec(geo, plan, q_stride, k_stride, v_stride, go_stride, scale, window, has_dlse, target),)
     meta = _meta(plan, window, geo.ndim)
     strides = (*_strides(q_stride), *_strides(k_stride), *_strides(v_stride), *_strides(go_stride))
     q_tiles = geo.tiles(plan.bm, geo.heads)
@@ -206,6 +225,23 @@ def _backward_spec(q_shape, q_stride, k_shape, k_stride, v_shape, v_stride, go_s
     return dq, dkdv
 
 
+def _fused_spec(geo, plan, q_stride, k_stride, v_stride, go_stride, scale, window, has_dlse, target) -> Launch:
+    block = plan.bm[2]
+    own = block - 2 * geo.halo
+    if own < 1:
+        raise ValueError(f"FUSEDOPS_NA_BWD_TILES: a fused block of {block} rows leaves none to own with a window "
+                         f"reach of {geo.halo}")
+    length, dilation = geo.spatial[2], geo.dilation[2]
+    per_group = -(-(-(-length // dilation)) // own)
+    tiles = geo.batch * geo.kv_heads * dilation * per_group
+    strides = [x for st in (q_stride, k_stride, v_stride, go_stride) for x in (st[0], st[1], st[2])]
+    args = (*strides, geo.heads, geo.kv_heads, geo.heads // geo.kv_heads, geo.head_dim, geo.head_dim_v,
+            length, geo.kernel[2], dilation, geo.stride[2], geo.causal[2], geo.halo, own, per_group, tiles,
+            scale * LOG2E, scale)
+    meta = dict(TRUNCATED=window == "truncated", BLOCK=block, HAS_DLSE=has_dlse, **_launch_meta(plan))
+    return plan_grid(target, tiles), args, meta
+
+
 def _backward(grad_out, grad_lse, q, k, v, out, lse, ks, dil, st, causal, scale, window, target: Target):
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
@@ -214,15 +250,20 @@ def _backward(grad_out, grad_lse, q, k, v, out, lse, ks, dil, st, causal, scale,
         return dq, dk.zero_(), dv.zero_()
     out = out.contiguous()
     lse = lse.contiguous()
-    delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
     has_dlse = grad_lse is not None
-    (grid, args, meta), (dkdv_grid, dkdv_args, dkdv_meta) = _backward_spec(
+    dlse = grad_lse.contiguous() if has_dlse else lse
+    launches = _backward_spec(
         q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), grad_out.stride(), q.dtype, tuple(ks),
         tuple(dil), tuple(st), tuple(causal), scale, window, has_dlse, target, tiles_override(),
     )
+    if len(launches) == 1:
+        (grid, args, meta), = launches
+        launch(na_bwd_fused_1d_kernel, (grid,), (q, k, v, grad_out, out, lse, dlse, dq, dk, dv), args, meta)
+        return dq, dk, dv
+    (grid, args, meta), (dkdv_grid, dkdv_args, dkdv_meta) = launches
+    delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
     # dQ first: it also computes delta = rowsum(dO * O) - dLSE, which the dK/dV kernel reads.
-    launch(na_bwd_dq_kernel, (grid,),
-           (q, k, v, grad_out, out, lse, grad_lse.contiguous() if has_dlse else lse, delta, dq), args, meta)
+    launch(na_bwd_dq_kernel, (grid,), (q, k, v, grad_out, out, lse, dlse, delta, dq), args, meta)
     launch(na_bwd_dkdv_kernel, (dkdv_grid,), (q, k, v, grad_out, lse, delta, dk, dv), dkdv_args, dkdv_meta)
     return dq, dk, dv
 

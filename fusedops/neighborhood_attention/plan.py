@@ -7,8 +7,13 @@ axis first) until one program's working set fits the target's on-chip budget: re
 the 192 KiB Unified Buffer on Ascend. Ascend launches a persistent grid of one program per AI core
 (never more than 65535 programs); CUDA launches one program per tile.
 
+A 1-D backward whose windows are narrow runs as one fused kernel (dQ, dK and dV from one score block
+of OWN owned rows plus a halo on each side, see na_bwd_fused_1d_kernel); its plan has fused=True and
+bm = bn = (1, 1, BLOCK).
+
 FUSEDOPS_NA_TILES="bm0,bm1,bm2/bn0,bn1,bn2[/warps[/stages]]" overrides the boxes (for benchmark sweeps);
-FUSEDOPS_NA_BWD_TILES does the same for the backward kernels only.
+FUSEDOPS_NA_BWD_TILES does the same for the backward kernels only, where "fused/BLOCK[/warps[/stages]]"
+asks for the fused 1-D backward with that block.
 """
 
 from __future__ import annotations
@@ -44,6 +49,16 @@ LARGE_BOXES = {
     3: ((4, 4, 4), (4, 4, 8)),
 }
 MIN_DOT = 16  # tl.dot on GPUs wants every dim >= 16
+# The fused 1-D backward. CUDA (H100 sweeps, bench/NOTES.md run 14): 64-row blocks on 4 warps without
+# software pipelining (one stage: -10% against Triton's default; 128-row blocks overflow shared memory),
+# 16-bit inputs only, up to a window reach (halo) by padded head dim: {head dim: widest halo}. fwd+bwd
+# against the two-kernel backward: D 64 k3 -36%, k7 -34%, k11 -31%, k15 -23%, k17 -20%, k31 +274%;
+# D 128 k7 -22%, k15 -12%.
+CUDA_FUSED = {64: 16, 128: 14}
+CUDA_FUSED_LAUNCH = (4, 1)  # warps, stages
+CUDA_FUSED_BLOCK = 64
+# Ascend and the interpreter: the smallest block holding 4 x halo rows whose working set fits on chip.
+FUSED_BLOCKS = {"ascend": (64, 128), "interpreter": (16, 32, 64, 128)}
 
 
 def next_pow2(n: int) -> int:
@@ -60,6 +75,7 @@ class Plan:
     dot_fp32: bool  # upcast dot operands in the kernel (the interpreter's bf16 dot is unreliable)
     precision: str  # tl.dot input_precision: "ieee" keeps fp32 inputs exact
     num_stages: int | None = None  # software-pipelining depth of the key/query loops; None: Triton's default
+    fused: bool = False  # backward only: the fused 1-D kernel, BLOCK = bm[2] rows per program
 
     @property
     def block_m(self) -> int:
@@ -93,6 +109,12 @@ def _clamp(box: list[int], limits: Sequence[int], floor: int) -> list[int]:
     return box
 
 
+def _fused_footprint(block: int, block_d: int, block_dv: int) -> int:
+    """fp32 bytes the fused 1-D backward keeps live: q, k, dK (D wide), dO, O, v, dV (Dv wide), and two
+    block x block score tiles."""
+    return 4 * (3 * block * block_d + 4 * block * block_dv + 2 * block * block)
+
+
 def tiles_override() -> str:
     """The raw FUSEDOPS_NA_TILES and FUSEDOPS_NA_BWD_TILES values: part of the launch-spec cache key."""
     return os.environ.get("FUSEDOPS_NA_TILES", "") + "|" + os.environ.get("FUSEDOPS_NA_BWD_TILES", "")
@@ -104,18 +126,42 @@ def _override(backward: bool) -> tuple[tuple[int, ...], tuple[int, ...], int | N
     if not raw:
         return None
     parts = raw.split("/")
+    if parts[0] == "fused":
+        block = int(parts[1])
+        return (0, 0, block), (0, 0, block), *_override_launch(parts[2:])
     bm = tuple(int(x) for x in parts[0].split(","))
     bn = tuple(int(x) for x in parts[1].split(","))
-    warps = int(parts[2]) if len(parts) > 2 else None
-    stages = int(parts[3]) if len(parts) > 3 else None
-    return bm, bn, warps, stages
+    return bm, bn, *_override_launch(parts[2:])
+
+
+def _override_launch(parts: list[str]) -> tuple[int | None, int | None]:
+    """(warps, stages) from the optional tail of an override."""
+    return (int(parts[0]) if parts else None), (int(parts[1]) if len(parts) > 1 else None)
+
+
+def fused_1d_block(target: Target, halo: int, block_d: int, block_dv: int, dtype: torch.dtype
+                   ) -> tuple[int, int | None, int | None] | None:
+    """(rows per program, warps, stages) of the fused 1-D backward, or None where the two-kernel
+    backward is the better or the only choice (see CUDA_FUSED and FUSED_BLOCKS). On CUDA never for
+    fp32: its ieee dots compile to kilobytes of register spills at every block size."""
+    if target.vendor == "cuda" and not target.interpreted:
+        widest = next((w for d, w in sorted(CUDA_FUSED.items()) if max(block_d, block_dv) <= d), None)
+        if widest is None or dtype == torch.float32 or halo > widest:
+            return None
+        return (CUDA_FUSED_BLOCK, *CUDA_FUSED_LAUNCH)
+    kind = "interpreter" if target.interpreted and target.vendor == "cuda" else target.vendor
+    block = next((b for b in FUSED_BLOCKS[kind] if b >= 4 * halo), None)
+    if block is None or _fused_footprint(block, block_d, block_dv) > target.onchip_bytes:
+        return None
+    return block, None, None
 
 
 def make_plan(
     target: Target, spatial: Sequence[int], dilation: Sequence[int], head_dim: int, head_dim_v: int,
-    dtype: torch.dtype, ndim: int, *, backward: bool, kernel_volume: int = 0,
+    dtype: torch.dtype, ndim: int, *, backward: bool, kernel_volume: int = 0, halo: int | None = None,
 ) -> Plan:
-    """spatial/dilation padded to 3 axes; ndim the caller's number of spatial axes."""
+    """spatial/dilation padded to 3 axes; ndim the caller's number of spatial axes; halo (1-D backward)
+    the largest |key - query| distance of any window, which decides the fused 1-D backward."""
     group_len = [-(-length // d) for length, d in zip(spatial, dilation)]
     block_d = max(MIN_DOT, next_pow2(head_dim))
     block_dv = max(MIN_DOT, next_pow2(head_dim_v))
@@ -141,8 +187,23 @@ def make_plan(
     else:
         bm, bn = (list(b) for b in CUDA_BACKWARD_BOXES[ndim])
         warps = 4 if ndim == 3 else None
-    override = _override(backward)
-    if override is not None and not interpreted:
+    override = _override(backward) if not interpreted else None
+    if override is not None and override[0][0] == 0 and not (backward and ndim == 1):
+        override = None  # a fused-block override speaks to the 1-D backward only
+    dot_fp32 = interpreted or dtype == torch.float32
+    precision = "ieee" if dot_fp32 else "tf32"
+    if backward and ndim == 1 and halo is not None:
+        fused = None
+        if override is not None and override[0][0] == 0:
+            fused = override[0][2], override[2], override[3]
+        elif override is None:
+            fused = fused_1d_block(target, halo, block_d, block_dv, dtype)
+        if fused is not None:
+            block, fused_warps, fused_stages = fused
+            return Plan(bm=(1, 1, block), bn=(1, 1, block), block_d=block_d, block_dv=block_dv,
+                        num_warps=fused_warps or (4 if block <= 64 else 8), num_stages=fused_stages, fused=True,
+                        dot_fp32=dot_fp32, precision=precision)
+    if override is not None:
         bm, bn, warps, stages = list(override[0]), list(override[1]), override[2], override[3]
     bm = _clamp(bm, group_len, floor)
     bn = _clamp(bn, group_len, floor)
@@ -159,11 +220,8 @@ def make_plan(
         box[axis] //= 2
     if warps is None:
         warps = 4 if bm[0] * bm[1] * bm[2] * bn[0] * bn[1] * bn[2] <= 64 * 64 else 8
-    return Plan(
-        bm=tuple(bm), bn=tuple(bn), block_d=block_d, block_dv=block_dv, num_warps=warps, num_stages=stages,
-        dot_fp32=interpreted or dtype == torch.float32,
-        precision="ieee" if (interpreted or dtype == torch.float32) else "tf32",
-    )
+    return Plan(bm=tuple(bm), bn=tuple(bn), block_d=block_d, block_dv=block_dv, num_warps=warps, num_stages=stages,
+                dot_fp32=dot_fp32, precision=precision)
 
 
 def grid(target: Target, tiles: int) -> int:
