@@ -1,8 +1,9 @@
 """Sweep neighborhood-attention tiles on a GPU (not part of `python -m bench`): GPU time (profiler) of
 one fwd+bwd step per FUSEDOPS_NA_BWD_TILES setting, the forward plan fixed (TUNE_KERNELS="7 7x7" picks
 cases by kernel); TUNE_FORWARD=1: the forward kernel alone per FUSEDOPS_NA_TILES setting on the
-benchmark's cases; TUNE_STAGES=1: the planner's tiles at each pipelining depth. A plan change is backed
-by a measurement. Usage: python -m bench.tune_neighborhood_attention"""
+benchmark's cases; TUNE_STAGES=1: the planner's tiles at each pipelining depth; TUNE_FUSED=1: the fused
+1-D backward's blocks against the two-kernel backward on narrow windows. A plan change is backed by a
+measurement. Usage: python -m bench.tune_neighborhood_attention"""
 
 from __future__ import annotations
 
@@ -109,15 +110,71 @@ def stages_sweep() -> None:
             os.environ.pop("FUSEDOPS_NA_BWD_TILES" if backward else "FUSEDOPS_NA_TILES", None)
 
 
-def selected_cases() -> list:
-    """CASES, or those whose kernel string (e.g. "7", "7x7") is listed in TUNE_KERNELS."""
+FUSED_CASES = [(2, 12, (4096,), 64, (k,)) for k in (3, 7, 11, 15, 17, 31)] + [
+    (2, 16, (8192,), 128, (k,)) for k in (7, 15, 33)]
+FUSED_VARIANTS = ["", "1,1,32/1,1,16/2", "1,1,64/1,1,32/4", "fused/32/4", "fused/64/4", "fused/64/8",
+                  "fused/128/8", "fused/128/4"]
+# TUNE_FUSED_VARIANTS (space-separated) replaces the list; "+maxnreg=N" caps the fused kernel's registers.
+
+
+def _cap_fused_registers(maxnreg: int | None) -> None:
+    """Launch the fused backward with a per-thread register cap (None: uncapped)."""
+    from fusedops.neighborhood_attention import op
+    from fusedops.neighborhood_attention.kernels import na_bwd_fused_1d_kernel
+
+    plain = getattr(op, "_plain_launch", op.launch)
+    op._plain_launch = plain
+
+    def capped(kernel, grid, tensors, scalars, meta):
+        if kernel is na_bwd_fused_1d_kernel and maxnreg is not None:
+            meta = dict(meta, maxnreg=maxnreg)
+        plain(kernel, grid, tensors, scalars, meta)
+
+    op.launch = capped
+
+
+def fused_sweep() -> None:
+    """fwd+bwd GPU time per backward variant (the two-kernel tiles of the previous plan, fused blocks),
+    with the gradients checked against the first variant's."""
+    for b, h, spatial, d, kernel in selected_cases(FUSED_CASES):
+        q, k, v = _inputs(b, h, spatial, d)
+        go = torch.randn_like(q)
+
+        def step():
+            return torch.autograd.grad(fusedops.neighborhood_attention(q, k, v, list(kernel)), (q, k, v), go)
+
+        expected = None
+        for variant in os.environ.get("TUNE_FUSED_VARIANTS", "").split() or FUSED_VARIANTS:
+            tiles, _, cap = variant.partition("+maxnreg=")
+            tiles = "" if tiles == "planner" else tiles
+            _cap_fused_registers(int(cap) if cap else None)
+            os.environ["FUSEDOPS_NA_BWD_TILES"] = tiles
+            try:
+                grads = step()
+                expected = grads if expected is None else expected
+                err = max(float((a.float() - e.float()).abs().max() / e.float().abs().max().clamp(min=1e-6))
+                          for a, e in zip(grads, expected))
+                ms = gpu_time_ms(step)
+                print(f"{_name(spatial, d, kernel)} bwd {variant or '(planner)':24s} fwd+bwd GPU {ms:.4f} ms "
+                      f"max rel diff {err:.1e}", flush=True)
+            except Exception as e:  # noqa: BLE001
+                print(f"{_name(spatial, d, kernel)} {variant}: {type(e).__name__}: {str(e)[:120]}", flush=True)
+        os.environ.pop("FUSEDOPS_NA_BWD_TILES", None)
+        _cap_fused_registers(None)
+
+
+def selected_cases(cases=CASES) -> list:
+    """The cases whose kernel string (e.g. "7", "7x7") is listed in TUNE_KERNELS (all without it)."""
     wanted = os.environ.get("TUNE_KERNELS", "").split()
-    return [c for c in CASES if not wanted or "x".join(map(str, c[4])) in wanted]
+    return [c for c in cases if not wanted or "x".join(map(str, c[4])) in wanted]
 
 
 def main() -> None:
     if os.environ.get("TUNE_FORWARD") == "1":
         forward_sweep()
+        return
+    if os.environ.get("TUNE_FUSED") == "1":
+        fused_sweep()
         return
     if os.environ.get("TUNE_STAGES") == "1":
         stages_sweep()
