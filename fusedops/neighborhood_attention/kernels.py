@@ -9,7 +9,8 @@ A query tile walks only the key boxes (BN0 x BN1 x BN2) that cover the union of 
 masks per element, and keeps an online softmax in base 2. The backward walks, for each key tile,
 exactly the queries whose windows reach it (per axis, the closed-form inverse of the monotone
 window ends; each query chunk also skipped by an interval test), accumulating dK/dV in
-registers over all query heads of its GQA group: no atomics.
+registers over all query heads of its GQA group: no atomics. A 1-D problem with a narrow window
+takes one fused backward kernel instead (na_bwd_fused_1d_kernel: owned rows plus a halo).
 
 All tensor offsets are int64; q/k/v/grad_out are read through their own (batch, head, axis) strides,
 so a permuted heads-last view runs without a copy. out, lse, delta and the gradients are contiguous.
