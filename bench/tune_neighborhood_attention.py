@@ -77,6 +77,7 @@ def forward_sweep() -> None:
 def stages_sweep() -> None:
     """The planner's tiles with each software-pipelining depth: the forward alone, then fwd+bwd with
     the backward's depth varied (GPU us)."""
+    from fusedops.neighborhood_attention.op import reach
     from fusedops.neighborhood_attention.plan import make_plan
     from fusedops.targets import target_for
 
@@ -95,9 +96,11 @@ def stages_sweep() -> None:
             return torch.autograd.grad(fusedops.neighborhood_attention(q, k, v, list(kernel)), (q, k, v), go)
 
         for backward, fn, stages in ((False, fwd, (None, 1, 2, 3, 4)), (True, step, (None, 1, 2, 3))):
+            halo = reach(kernel[0], 1, False, "shifted") if len(spatial) == 1 else None
             plan = make_plan(target, pad + list(spatial), [1, 1, 1], d, d, torch.bfloat16, len(spatial),
-                             backward=backward, kernel_volume=math.prod(kernel))
-            box = f"{','.join(map(str, plan.bm))}/{','.join(map(str, plan.bn))}/{plan.num_warps}"
+                             backward=backward, kernel_volume=math.prod(kernel), halo=halo)
+            box = f"fused/{plan.bm[2]}/{plan.num_warps}" if plan.fused else \
+                f"{','.join(map(str, plan.bm))}/{','.join(map(str, plan.bn))}/{plan.num_warps}"
             for stage in stages:
                 tiles = box if stage is None else f"{box}/{stage}"
                 os.environ["FUSEDOPS_NA_BWD_TILES" if backward else "FUSEDOPS_NA_TILES"] = tiles

@@ -457,12 +457,7 @@ def na_bwd_fused_1d_kernel(
     d_mask = dq_off < D
     dv_mask = dv_off < DV
     for tile in range(pid, num_tiles, tl.num_programs(0)):
-        t = tile % NB
-        rest = tile // NB
-        g = rest % DL
-        rest = rest // DL
-        hk = rest % HKV
-        b = rest // HKV
+        b, hk, _, g, t = _split_tile(tile, HKV, 1, DL, NB)  # block t of dilation group g
         lg = _group_len(L, DL, g)
         first = t * OWN
         i = first - HALO + tl.arange(0, BLOCK)  # within-group coordinates of the block's rows

@@ -231,12 +231,12 @@ def _fused_spec(geo, plan, q_stride, k_stride, v_stride, go_stride, scale, windo
     if own < 1:
         raise ValueError(f"FUSEDOPS_NA_BWD_TILES: a fused block of {block} rows leaves none to own with a window "
                          f"reach of {geo.halo}")
-    length, dilation = geo.spatial[2], geo.dilation[2]
-    per_group = -(-(-(-length // dilation)) // own)
-    tiles = geo.batch * geo.kv_heads * dilation * per_group
+    box = (1, 1, own)
+    tiles = geo.tiles(box, geo.kv_heads)
     strides = [x for st in (q_stride, k_stride, v_stride, go_stride) for x in (st[0], st[1], st[2])]
     args = (*strides, geo.heads, geo.kv_heads, geo.heads // geo.kv_heads, geo.head_dim, geo.head_dim_v,
-            length, geo.kernel[2], dilation, geo.stride[2], geo.causal[2], geo.halo, own, per_group, tiles,
+            geo.spatial[2], geo.kernel[2], geo.dilation[2], geo.stride[2], geo.causal[2], geo.halo, own,
+            geo.blocks(box)[2], tiles,
             scale * LOG2E, scale)
     meta = dict(TRUNCATED=window == "truncated", BLOCK=block, HAS_DLSE=has_dlse, **_launch_meta(plan))
     return plan_grid(target, tiles), args, meta
