@@ -1,9 +1,10 @@
 """Sweep neighborhood-attention tiles on a GPU (not part of `python -m bench`): GPU time (profiler) of
 one fwd+bwd step per FUSEDOPS_NA_BWD_TILES setting, the forward plan fixed (TUNE_KERNELS="7 7x7" picks
 cases by kernel); TUNE_FORWARD=1: the forward kernel alone per FUSEDOPS_NA_TILES setting on the
-benchmark's cases; TUNE_STAGES=1: the planner's tiles at each pipelining depth; TUNE_FUSED=1: the fused
-1-D backward's blocks against the two-kernel backward on narrow windows. A plan change is backed by a
-measurement. Usage: python -m bench.tune_neighborhood_attention"""
+benchmark's cases; TUNE_STAGES=1: the planner's tiles at each pipelining depth; TUNE_REGISTERS=1: the
+planner's tiles under register caps, per kernel; TUNE_FUSED=1: the fused 1-D backward's blocks against the
+two-kernel backward on narrow windows. A plan change is backed by a measurement.
+Usage: python -m bench.tune_neighborhood_attention"""
 
 from __future__ import annotations
 
@@ -120,25 +121,56 @@ FUSED_VARIANTS = ["", "1,1,32/1,1,16/2", "1,1,64/1,1,32/4", "fused/32/4", "fused
 # TUNE_FUSED_VARIANTS (space-separated) replaces the list; "+maxnreg=N" caps the fused kernel's registers.
 
 
-def _cap_fused_registers(maxnreg: int | None) -> None:
-    """Launch the fused backward with a per-thread register cap (None: uncapped)."""
+def _cap_registers(caps: dict) -> None:
+    """Launch the kernels in caps with that per-thread register cap (0: uncapped, whatever the plan
+    says); the others as planned."""
     from fusedops.neighborhood_attention import op
-    from fusedops.neighborhood_attention.kernels import na_bwd_fused_1d_kernel
 
     plain = getattr(op, "_plain_launch", op.launch)
     op._plain_launch = plain
 
     def capped(kernel, grid, tensors, scalars, meta):
-        if kernel is na_bwd_fused_1d_kernel and maxnreg is not None:
-            meta = dict(meta, maxnreg=maxnreg)
+        if kernel in caps:
+            meta = {k: v for k, v in meta.items() if k != "maxnreg"}
+            if caps[kernel]:
+                meta["maxnreg"] = caps[kernel]
         plain(kernel, grid, tensors, scalars, meta)
 
     op.launch = capped
 
 
+def registers_sweep() -> None:
+    """The planner's tiles with the three tile kernels' registers capped alike (planner: the plan's
+    caps), device us per kernel of one fwd+bwd step, gradients checked against the planner's."""
+    from fusedops.neighborhood_attention.kernels import na_bwd_dkdv_kernel, na_bwd_dq_kernel, na_fwd_kernel
+
+    tile_kernels = (na_fwd_kernel, na_bwd_dq_kernel, na_bwd_dkdv_kernel)
+    for b, h, spatial, d, kernel in selected_cases():
+        q, k, v = _inputs(b, h, spatial, d)
+        go = torch.randn_like(q)
+
+        def step():
+            return torch.autograd.grad(fusedops.neighborhood_attention(q, k, v, list(kernel)), (q, k, v), go)
+
+        expected = None
+        for cap in ("planner", 0, 224, 192, 168, 128):
+            _cap_registers({} if cap == "planner" else dict.fromkeys(tile_kernels, cap))
+            grads = step()
+            expected = grads if expected is None else expected
+            err = max(float((a.float() - e.float()).abs().max() / e.float().abs().max().clamp(min=1e-6))
+                      for a, e in zip(grads, expected))
+            times = gpu_kernel_times_us(step)
+            parts = "  ".join(f"{name.split('_kernel')[0]} {us:7.1f}" for name, us in sorted(times.items()) if us > 1)
+            print(f"{_name(spatial, d, kernel)} registers {cap or 'uncapped'!s:8s} total {sum(times.values()):8.1f} us"
+                  f"  {parts}  max rel diff {err:.1e}", flush=True)
+        _cap_registers({})
+
+
 def fused_sweep() -> None:
     """fwd+bwd GPU time per backward variant (the two-kernel tiles of the previous plan, fused blocks),
     with the gradients checked against the first variant's."""
+    from fusedops.neighborhood_attention.kernels import na_bwd_fused_1d_kernel
+
     for b, h, spatial, d, kernel in selected_cases(FUSED_CASES):
         q, k, v = _inputs(b, h, spatial, d)
         go = torch.randn_like(q)
@@ -150,7 +182,7 @@ def fused_sweep() -> None:
         for variant in os.environ.get("TUNE_FUSED_VARIANTS", "").split() or FUSED_VARIANTS:
             tiles, _, cap = variant.partition("+maxnreg=")
             tiles = "" if tiles == "planner" else tiles
-            _cap_fused_registers(int(cap) if cap else None)
+            _cap_registers({na_bwd_fused_1d_kernel: int(cap) if cap else 0})
             os.environ["FUSEDOPS_NA_BWD_TILES"] = tiles
             try:
                 grads = step()
@@ -163,7 +195,7 @@ def fused_sweep() -> None:
             except Exception as e:  # noqa: BLE001
                 print(f"{_name(spatial, d, kernel)} {variant}: {type(e).__name__}: {str(e)[:120]}", flush=True)
         os.environ.pop("FUSEDOPS_NA_BWD_TILES", None)
-        _cap_fused_registers(None)
+        _cap_registers({})
 
 
 def selected_cases(cases=CASES) -> list:
@@ -181,6 +213,9 @@ def main() -> None:
         return
     if os.environ.get("TUNE_STAGES") == "1":
         stages_sweep()
+        return
+    if os.environ.get("TUNE_REGISTERS") == "1":
+        registers_sweep()
         return
     for b, h, spatial, d, kernel in selected_cases():
         q, k, v = _inputs(b, h, spatial, d)

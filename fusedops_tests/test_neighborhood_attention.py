@@ -4,6 +4,8 @@ issue's formulas, on the PyTorch reference and on both launch plans under the Tr
 from __future__ import annotations
 
 import math
+import os
+from unittest import mock
 
 import pytest
 import torch
@@ -526,6 +528,11 @@ def test_ascend_plan_respects_budget_and_grid():
     assert grid(target, 10**7) <= min(target.max_grid, target.matrix_cores * target.resident)
 
 
+def _h100() -> Target:
+    return Target(vendor="cuda", vector_cores=132, matrix_cores=132, onchip_bytes=192 * 1024,
+                  max_grid=2**31 - 1, row_align=16, resident=4, persistent=False)
+
+
 @pytest.mark.parametrize("spatial, kernel, d, dtype, backward, bm, bn, warps, fused", [
     ([4096], 7, 64, torch.bfloat16, False, (1, 1, 64), (1, 1, 32), 4, False),
     ([64, 64], 49, 64, torch.bfloat16, False, (1, 8, 8), (1, 8, 8), 4, False),
@@ -544,8 +551,7 @@ def test_cuda_plan_is_the_measured_one(spatial, kernel, d, dtype, backward, bm, 
     """The H100 plans chosen from device-time sweeps (bench/NOTES.md, neighborhood attention runs 12-14):
     4-warp forwards (1D 64 x 32, 2D 8x8 boxes, 3D 4x4x8 x 2x4x8); the fused 1-D backward (64 rows, 4 warps,
     one stage) for 16-bit inputs up to k17 at D 64 and k15 at D 128; otherwise 1D tiles by window width."""
-    target = Target(vendor="cuda", vector_cores=132, matrix_cores=132, onchip_bytes=192 * 1024,
-                    max_grid=2**31 - 1, row_align=16, resident=4, persistent=False)
+    target = _h100()
     pad = [1] * (3 - len(spatial))
     halo = reach(kernel, 1, False, "shifted") if len(spatial) == 1 else None
     plan = make_plan(target, pad + spatial, [1, 1, 1], d, d, dtype, len(spatial), backward=backward,
@@ -553,6 +559,36 @@ def test_cuda_plan_is_the_measured_one(spatial, kernel, d, dtype, backward, bm, 
     stages = 1 if fused else None
     assert (plan.bm, plan.bn, plan.num_warps, plan.num_stages, plan.fused) == (bm, bn, warps, stages, fused)
     assert fused_1d_block(target, 1, 256, 256, torch.bfloat16) is None  # the widest heads: two kernels
+
+
+
+@pytest.mark.parametrize("spatial, kernel, d, dtype, dq_cap, dkdv_cap", [
+    ([8192], 33, 128, torch.bfloat16, 168, 168),
+    ([16384], 129, 64, torch.float16, 168, 168),
+    ([64, 64], 49, 64, torch.bfloat16, 168, None),
+    ([128, 128], 169, 128, torch.bfloat16, 168, None),
+    ([16, 32, 32], 343, 64, torch.bfloat16, 168, None),
+    ([8192], 33, 64, torch.float32, None, None),  # fp32: not measured, uncapped
+    ([2048], 33, 256, torch.bfloat16, None, None),  # heads wider than 128: not measured
+    ([4096], 7, 64, torch.bfloat16, None, None),  # the fused 1-D backward
+])
+def test_cuda_backward_register_caps(spatial, kernel, d, dtype, dq_cap, dkdv_cap):
+    """The two-kernel backward's register caps (bench/NOTES.md run 16): dQ at 168 on the measured plans,
+    dK/dV only in 1-D; never on the interpreter (no registers) or under a tile override (a sweep's
+    tiles are timed as given)."""
+    pad = [1] * (3 - len(spatial))
+    halo = reach(kernel, 1, False, "shifted") if len(spatial) == 1 else None
+
+    def caps(target):
+        plan = make_plan(target, pad + spatial, [1, 1, 1], d, d, dtype, len(spatial), backward=True,
+                         kernel_volume=kernel, halo=halo)
+        return plan.dq_registers, plan.dkdv_registers
+
+    assert caps(_h100()) == (dq_cap, dkdv_cap)
+    assert caps(cuda_target(interpreted=True)) == (None, None)
+    assert caps(ascend_target(interpreted=True)) == (None, None)
+    with mock.patch.dict(os.environ, {"FUSEDOPS_NA_BWD_TILES": "1,1,64/1,1,32/4"}):
+        assert caps(_h100()) == (None, None)
 
 
 # ---- real kernels on a GPU ------------------------------------------------------------------------------

@@ -217,12 +217,18 @@ def _backward_spec(q_shape, q_stride, k_shape, k_stride, v_shape, v_stride, go_s
     q_tiles = geo.tiles(plan.bm, geo.heads)
     dq = (plan_grid(target, q_tiles),
           (*strides, geo.heads, geo.heads // geo.kv_heads, geo.head_dim, geo.head_dim_v,
-           *geo.axis_args(), *geo.blocks(plan.bm), q_tiles, scale * LOG2E, scale), dict(meta, HAS_DLSE=has_dlse))
+           *geo.axis_args(), *geo.blocks(plan.bm), q_tiles, scale * LOG2E, scale),
+          dict(meta, HAS_DLSE=has_dlse, **_register_cap(plan.dq_registers)))
     k_tiles = geo.tiles(plan.bn, geo.kv_heads)
     dkdv = (plan_grid(target, k_tiles),
             (*strides, geo.heads, geo.kv_heads, geo.heads // geo.kv_heads, geo.head_dim, geo.head_dim_v,
-             *geo.axis_args(), *geo.blocks(plan.bn), k_tiles, scale * LOG2E, scale), meta)
+             *geo.axis_args(), *geo.blocks(plan.bn), k_tiles, scale * LOG2E, scale),
+            dict(meta, **_register_cap(plan.dkdv_registers)))
     return dq, dkdv
+
+
+def _register_cap(registers: int | None) -> dict:
+    return {} if registers is None else {"maxnreg": registers}
 
 
 def _fused_spec(geo, plan, q_stride, k_stride, v_stride, go_stride, scale, window, has_dlse, target) -> Launch:

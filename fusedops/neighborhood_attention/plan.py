@@ -57,6 +57,13 @@ MIN_DOT = 16  # tl.dot on GPUs wants every dim >= 16
 CUDA_FUSED = {64: 16, 128: 14}
 CUDA_FUSED_LAUNCH = (4, 1)  # warps, stages
 CUDA_FUSED_BLOCK = 64
+# The two-kernel backward's per-thread register cap on CUDA (direct launches; torch.compile's launches run
+# uncapped): 168 fits three 4-warp programs on an SM instead of two. H100 sweep of the planner's tiles,
+# bf16 (bench/NOTES.md run 16), device time per kernel uncapped -> capped: dQ k33 D128 177 -> 169 us,
+# 13x13 D128 920 -> 809, 3D 407 -> 384, 2D 7x7 38.0 -> 37.2, k129 62.1 -> 62.3; dK/dV k33 249 -> 228,
+# k129 76.9 -> 69.1, but 2D 7x7 48.0 -> 53.0 and 13x13 1326 -> 1538, 3D 611 -> 624, so dK/dV is capped in
+# 1-D only. Heads wider than 128, fp32 and 2-warp tiles were not measured and run uncapped.
+CUDA_BACKWARD_REGISTERS = 168
 # Ascend and the interpreter: the smallest block holding 4 x halo rows whose working set fits on chip.
 FUSED_BLOCKS = {"ascend": (64, 128), "interpreter": (16, 32, 64, 128)}
 
@@ -76,6 +83,8 @@ class Plan:
     precision: str  # tl.dot input_precision: "ieee" keeps fp32 inputs exact
     num_stages: int | None = None  # software-pipelining depth of the key/query loops; None: Triton's default
     fused: bool = False  # backward only: the fused 1-D kernel, BLOCK = bm[2] rows per program
+    dq_registers: int | None = None  # per-thread register caps of the two backward kernels (CUDA's maxnreg)
+    dkdv_registers: int | None = None
 
     @property
     def block_m(self) -> int:
@@ -220,8 +229,12 @@ def make_plan(
         box[axis] //= 2
     if warps is None:
         warps = 4 if bm[0] * bm[1] * bm[2] * bn[0] * bn[1] * bn[2] <= 64 * 64 else 8
+    cap = None
+    if (backward and target.vendor == "cuda" and not interpreted and override is None and not dot_fp32
+            and warps == 4 and max(block_d, block_dv) <= 128):
+        cap = CUDA_BACKWARD_REGISTERS
     return Plan(bm=tuple(bm), bn=tuple(bn), block_d=block_d, block_dv=block_dv, num_warps=warps, num_stages=stages,
-                dot_fp32=dot_fp32, precision=precision)
+                dot_fp32=dot_fp32, precision=precision, dq_registers=cap, dkdv_registers=cap if ndim == 1 else None)
 
 
 def grid(target: Target, tiles: int) -> int:
