@@ -591,6 +591,20 @@ def test_cuda_backward_register_caps(spatial, kernel, d, dtype, dq_cap, dkdv_cap
         assert caps(_h100()) == (None, None)
 
 
+
+def test_tile_override_is_taken_as_given():
+    """A sweep's FUSEDOPS_NA_TILES is timed as named: not shrunk to the planner's on-chip budget (the
+    planner's own 2-D tiles are), only clamped to the group lengths."""
+    spatial = [1, 64, 64]
+    plan = make_plan(_h100(), spatial, [1, 1, 1], 64, 64, torch.bfloat16, 2, backward=False)
+    assert plan.block_n == 64
+    with mock.patch.dict(os.environ, {"FUSEDOPS_NA_TILES": "1,8,8/1,16,16/8"}):
+        plan = make_plan(_h100(), spatial, [1, 1, 1], 64, 64, torch.bfloat16, 2, backward=False)
+        assert (plan.bm, plan.bn, plan.num_warps) == ((1, 8, 8), (1, 16, 16), 8)
+        plan = make_plan(_h100(), [1, 64, 6], [1, 1, 1], 64, 64, torch.bfloat16, 2, backward=False)
+        assert (plan.bm, plan.bn) == ((1, 8, 8), (1, 16, 8))
+
+
 # ---- real kernels on a GPU ------------------------------------------------------------------------------
 
 GPU_CASES = [

@@ -11,7 +11,8 @@ A 1-D backward whose windows are narrow runs as one fused kernel (dQ, dK and dV 
 of OWN owned rows plus a halo on each side, see na_bwd_fused_1d_kernel); its plan has fused=True and
 bm = bn = (1, 1, BLOCK).
 
-FUSEDOPS_NA_TILES="bm0,bm1,bm2/bn0,bn1,bn2[/warps[/stages]]" overrides the boxes (for benchmark sweeps);
+FUSEDOPS_NA_TILES="bm0,bm1,bm2/bn0,bn1,bn2[/warps[/stages]]" overrides the boxes for benchmark sweeps
+(taken as given, only clamped to the group lengths: no budget shrink, no register cap);
 FUSEDOPS_NA_BWD_TILES does the same for the backward kernels only, where "fused/BLOCK[/warps[/stages]]"
 asks for the fused 1-D backward with that block.
 """
@@ -216,8 +217,9 @@ def make_plan(
         bm, bn, warps, stages = list(override[0]), list(override[1]), override[2], override[3]
     bm = _clamp(bm, group_len, floor)
     bn = _clamp(bn, group_len, floor)
-    # shrink to the on-chip budget, the larger of the two boxes first, along its longest axis
-    while _footprint(bm[0] * bm[1] * bm[2], bn[0] * bn[1] * bn[2], block_d, block_dv, backward) > target.onchip_bytes:
+    # shrink to the on-chip budget, the larger of the two boxes first, along its longest axis (an
+    # override is taken as given: a sweep times exactly the tiles it names, or fails to compile them)
+    while override is None and _footprint(bm[0] * bm[1] * bm[2], bn[0] * bn[1] * bn[2], block_d, block_dv, backward) > target.onchip_bytes:
         vm, vn = bm[0] * bm[1] * bm[2], bn[0] * bn[1] * bn[2]
         box = bm if vm >= vn else bn
         if box[0] * box[1] * box[2] // 2 < floor:
