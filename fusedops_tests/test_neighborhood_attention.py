@@ -561,7 +561,6 @@ def test_cuda_plan_is_the_measured_one(spatial, kernel, d, dtype, backward, bm, 
     assert fused_1d_block(target, 1, 256, 256, torch.bfloat16) is None  # the widest heads: two kernels
 
 
-
 @pytest.mark.parametrize("spatial, kernel, d, dtype, dq_cap, dkdv_cap", [
     ([8192], 33, 128, torch.bfloat16, 168, 168),
     ([16384], 129, 64, torch.float16, 168, 168),
@@ -589,7 +588,6 @@ def test_cuda_backward_register_caps(spatial, kernel, d, dtype, dq_cap, dkdv_cap
     assert caps(ascend_target(interpreted=True)) == (None, None)
     with mock.patch.dict(os.environ, {"FUSEDOPS_NA_BWD_TILES": "1,1,64/1,1,32/4"}):
         assert caps(_h100()) == (None, None)
-
 
 
 def test_tile_override_is_taken_as_given():
@@ -655,7 +653,6 @@ def test_gpu_real_sizes(spec, dtype):
 @settings(max_examples=12)
 def test_gpu_matches_dense_oracle(case):
     check_case(case, "cuda")
-
 
 
 @gpu
