@@ -590,6 +590,27 @@ def test_cuda_backward_register_caps(spatial, kernel, d, dtype, dq_cap, dkdv_cap
         assert caps(_h100()) == (None, None)
 
 
+@pytest.mark.parametrize("ndim, dtype, h100, interpreted_cuda, interpreted_ascend", [
+    (1, torch.bfloat16, True, True, True),
+    (1, torch.float32, False, True, True),  # CUDA's fp32 (ieee) kernels keep the two-compare mask
+    (2, torch.bfloat16, False, False, False),
+    (3, torch.float16, False, False, False),
+])
+def test_one_compare_mask_plan(ndim, dtype, h100, interpreted_cuda, interpreted_ascend):
+    """The 1-D plans' one-compare window mask (bench/NOTES.md run 16): on the H100 for 16-bit inputs only;
+    always in 1-D under the interpreter, so the CPU CI runs it on both plans."""
+    spatial = [1] * (3 - ndim) + [32] * ndim
+
+    def one_compare(target, backward):
+        return make_plan(target, spatial, [1, 1, 1], 64, 64, dtype, ndim, backward=backward,
+                         kernel_volume=7 ** ndim).one_compare_mask
+
+    for backward in (False, True):
+        assert one_compare(_h100(), backward) == h100
+        assert one_compare(cuda_target(interpreted=True), backward) == interpreted_cuda
+        assert one_compare(ascend_target(interpreted=True), backward) == interpreted_ascend
+
+
 def test_tile_override_is_taken_as_given():
     """A sweep's FUSEDOPS_NA_TILES is timed as named: not shrunk to the planner's on-chip budget (the
     planner's own 2-D tiles are), only clamped to the group lengths."""

@@ -100,13 +100,14 @@ def _key_cells(j0, j1, j2, khi0, khi1, khi2, g0, g1, g2, DL0, DL1, DL2, NDIM: tl
 
 
 @triton.jit
-def _neighbours(row_ok, col_ok, j0, j1, j2, lo0, hi0, lo1, hi1, lo2, hi2, NDIM: tl.constexpr):
-    """[query rows, key cells] mask: the key lies in the query's window on every axis."""
-    if NDIM == 1:
-        # One unsigned compare per element, j - lo <= hi - lo (below lo, j - lo wraps to a huge value).
-        # Cells outside the key range sit at -1, below every window; rows outside the tile get the one-cell
-        # window at 2**30, which no within-group position reaches. H100: k129 dQ -18%; in 2-D/3-D the
-        # extra selects cost more than the compares save (bench/NOTES.md run 16).
+def _neighbours(row_ok, col_ok, j0, j1, j2, lo0, hi0, lo1, hi1, lo2, hi2, NDIM: tl.constexpr,
+                ONE_COMPARE: tl.constexpr):
+    """[query rows, key cells] mask: the key lies in the query's window on every axis. ONE_COMPARE (1-D
+    plans only, see Plan.one_compare_mask) computes the same mask with one unsigned compare per element."""
+    if ONE_COMPARE:
+        # j - lo <= hi - lo as unsigned (below lo, j - lo wraps to a huge value). Cells outside the key
+        # range sit at -1, below every window; rows outside the tile get the one-cell window at 2**30,
+        # which no within-group position reaches.
         live = row_ok & (hi2 >= lo2)
         lo = tl.where(live, lo2, 1 << 30)
         width = tl.where(live, hi2 - lo2, 0)
@@ -148,7 +149,7 @@ def na_fwd_kernel(
     H, G, D, DV,
     L0, L1, L2, K0, K1, K2, DL0, DL1, DL2, ST0, ST1, ST2, C0, C1, C2,
     NB0, NB1, NB2, num_tiles, qk_scale,
-    TRUNCATED: tl.constexpr, NDIM: tl.constexpr,
+    TRUNCATED: tl.constexpr, NDIM: tl.constexpr, ONE_COMPARE: tl.constexpr,
     BM0: tl.constexpr, BM1: tl.constexpr, BM2: tl.constexpr,
     BN0: tl.constexpr, BN1: tl.constexpr, BN2: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
@@ -207,7 +208,7 @@ def na_fwd_kernel(
                         kt = kt.to(tl.float32)
                         vt = vt.to(tl.float32)
                     s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
-                    ok = _neighbours(row_ok, col_ok, j0, j1, j2, lo0, hi0, lo1, hi1, lo2, hi2, NDIM)
+                    ok = _neighbours(row_ok, col_ok, j0, j1, j2, lo0, hi0, lo1, hi1, lo2, hi2, NDIM, ONE_COMPARE)
                     s = tl.where(ok, s, float("-inf"))
                     m_new = tl.maximum(m_i, tl.max(s, axis=1))
                     alpha = tl.exp2(m_i - m_new)
@@ -234,7 +235,7 @@ def na_bwd_dq_kernel(
     H, G, D, DV,
     L0, L1, L2, K0, K1, K2, DL0, DL1, DL2, ST0, ST1, ST2, C0, C1, C2,
     NB0, NB1, NB2, num_tiles, qk_scale, scale,
-    TRUNCATED: tl.constexpr, NDIM: tl.constexpr,
+    TRUNCATED: tl.constexpr, NDIM: tl.constexpr, ONE_COMPARE: tl.constexpr,
     BM0: tl.constexpr, BM1: tl.constexpr, BM2: tl.constexpr,
     BN0: tl.constexpr, BN1: tl.constexpr, BN2: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
@@ -308,7 +309,7 @@ def na_bwd_dq_kernel(
                         kt = kt.to(tl.float32)
                         vt = vt.to(tl.float32)
                     s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
-                    ok = _neighbours(row_ok, col_ok, j0, j1, j2, lo0, hi0, lo1, hi1, lo2, hi2, NDIM)
+                    ok = _neighbours(row_ok, col_ok, j0, j1, j2, lo0, hi0, lo1, hi1, lo2, hi2, NDIM, ONE_COMPARE)
                     p = tl.where(ok, tl.exp2(s - lse2[:, None]), 0.0)
                     dp = tl.dot(do, vt, input_precision=PRECISION)
                     ds = p * (dp - delta[:, None])
@@ -328,7 +329,7 @@ def na_bwd_dkdv_kernel(
     H, HKV, G, D, DV,
     L0, L1, L2, K0, K1, K2, DL0, DL1, DL2, ST0, ST1, ST2, C0, C1, C2,
     NN0, NN1, NN2, num_tiles, qk_scale, scale,
-    TRUNCATED: tl.constexpr, NDIM: tl.constexpr,
+    TRUNCATED: tl.constexpr, NDIM: tl.constexpr, ONE_COMPARE: tl.constexpr,
     BM0: tl.constexpr, BM1: tl.constexpr, BM2: tl.constexpr,
     BN0: tl.constexpr, BN1: tl.constexpr, BN2: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
@@ -429,7 +430,8 @@ def na_bwd_dkdv_kernel(
                                         lo1, hi1 = _window(i1, lg1, K1, ST1, C1, TRUNCATED)
                                     if NDIM >= 3:
                                         lo0, hi0 = _window(i0, lg0, K0, ST0, C0, TRUNCATED)
-                                    ok = _neighbours(row_ok, col_ok, j0, j1, j2, lo0, hi0, lo1, hi1, lo2, hi2, NDIM)
+                                    ok = _neighbours(row_ok, col_ok, j0, j1, j2, lo0, hi0, lo1, hi1, lo2, hi2, NDIM,
+                                                     ONE_COMPARE)
                                     s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
                                     p = tl.where(ok, tl.exp2(s - lse2[:, None]), 0.0)
                                     dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PRECISION)

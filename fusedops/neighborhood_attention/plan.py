@@ -86,6 +86,10 @@ class Plan:
     fused: bool = False  # backward only: the fused 1-D kernel, BLOCK = bm[2] rows per program
     dq_registers: int | None = None  # per-thread register caps of the two backward kernels (CUDA's maxnreg)
     dkdv_registers: int | None = None
+    # The 1-D window mask as one unsigned compare per element (the same mask). H100, bf16 (bench/NOTES.md
+    # run 16): k129 fwd+bwd -7% (dQ -18%); in 2-D/3-D its selects cost 3-11%. Not for CUDA's fp32 (ieee)
+    # kernels, whose spills it reshuffles: k33 fwd+bwd 7.7 -> 27.5 ms.
+    one_compare_mask: bool = False
 
     @property
     def block_m(self) -> int:
@@ -237,7 +241,8 @@ def make_plan(
             and warps == 4 and max(block_d, block_dv) <= 128):
         cap = CUDA_BACKWARD_REGISTERS
     return Plan(bm=tuple(bm), bn=tuple(bn), block_d=block_d, block_dv=block_dv, num_warps=warps, num_stages=stages,
-                dot_fp32=dot_fp32, precision=precision, dq_registers=cap, dkdv_registers=cap if ndim == 1 else None)
+                dot_fp32=dot_fp32, precision=precision, dq_registers=cap, dkdv_registers=cap if ndim == 1 else None,
+                one_compare_mask=ndim == 1 and not (target.vendor == "cuda" and not interpreted and dot_fp32))
 
 
 def grid(target: Target, tiles: int) -> int:
