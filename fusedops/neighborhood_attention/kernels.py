@@ -108,6 +108,7 @@ def _neighbours(row_ok, col_ok, j0, j1, j2, lo0, hi0, lo1, hi1, lo2, hi2, NDIM: 
         # j - lo <= hi - lo as unsigned (below lo, j - lo wraps to a huge value). Cells outside the key
         # range sit at -1, below every window; rows outside the tile get the one-cell window at 2**30,
         # which no within-group position reaches.
+        tl.static_assert(NDIM == 1, "ONE_COMPARE tests the last axis only")
         live = row_ok & (hi2 >= lo2)
         lo = tl.where(live, lo2, 1 << 30)
         width = tl.where(live, hi2 - lo2, 0)
