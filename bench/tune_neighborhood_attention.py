@@ -121,6 +121,12 @@ FUSED_VARIANTS = ["", "1,1,32/1,1,16/2", "1,1,64/1,1,32/4", "fused/32/4", "fused
 # TUNE_FUSED_VARIANTS (space-separated) replaces the list; "+maxnreg=N" caps the fused kernel's registers.
 
 
+def _max_rel_diff(grads, expected) -> float:
+    """The largest max-abs difference of the gradients, relative to each expected gradient's max-abs."""
+    return max(float((a.float() - e.float()).abs().max() / e.float().abs().max().clamp(min=1e-6))
+               for a, e in zip(grads, expected))
+
+
 def _cap_registers(caps: dict) -> None:
     """Launch the kernels in caps with that per-thread register cap (0: uncapped, whatever the plan
     says); the others as planned."""
@@ -157,8 +163,7 @@ def registers_sweep() -> None:
             _cap_registers({} if cap == "planner" else dict.fromkeys(tile_kernels, cap))
             grads = step()
             expected = grads if expected is None else expected
-            err = max(float((a.float() - e.float()).abs().max() / e.float().abs().max().clamp(min=1e-6))
-                      for a, e in zip(grads, expected))
+            err = _max_rel_diff(grads, expected)
             times = gpu_kernel_times_us(step)
             parts = "  ".join(f"{name.split('_kernel')[0]} {us:7.1f}" for name, us in sorted(times.items()) if us > 1)
             print(f"{_name(spatial, d, kernel)} registers {cap or 'uncapped'!s:8s} total {sum(times.values()):8.1f} us"
@@ -187,8 +192,7 @@ def fused_sweep() -> None:
             try:
                 grads = step()
                 expected = grads if expected is None else expected
-                err = max(float((a.float() - e.float()).abs().max() / e.float().abs().max().clamp(min=1e-6))
-                          for a, e in zip(grads, expected))
+                err = _max_rel_diff(grads, expected)
                 ms = gpu_time_ms(step)
                 print(f"{_name(spatial, d, kernel)} bwd {variant or '(planner)':24s} fwd+bwd GPU {ms:.4f} ms "
                       f"max rel diff {err:.1e}", flush=True)

@@ -180,11 +180,12 @@ def make_plan(
     block_d = max(MIN_DOT, next_pow2(head_dim))
     block_dv = max(MIN_DOT, next_pow2(head_dim_v))
     interpreted = target.interpreted
+    cuda_gpu = target.vendor == "cuda" and not interpreted  # the measured H100 plans below
     # tl.dot tiles keep M, N, K >= 16 except on the CUDA plan's interpreter (upstream triton's allows
     # any size): triton-ascend 3.2's interpreter asserts 16 (the Ascend CI stage), as GPUs need.
     floor = 1 if interpreted and target.vendor == "cuda" else MIN_DOT
     warps = stages = None
-    if target.vendor != "cuda" or interpreted:
+    if not cuda_gpu:
         bm, bn = (list(b) for b in LARGE_BOXES[ndim])
     elif not backward:
         box_m, box_n, warps = CUDA_FORWARD[ndim]
@@ -237,12 +238,11 @@ def make_plan(
     if warps is None:
         warps = 4 if bm[0] * bm[1] * bm[2] * bn[0] * bn[1] * bn[2] <= 64 * 64 else 8
     cap = None
-    if (backward and target.vendor == "cuda" and not interpreted and override is None and not dot_fp32
-            and warps == 4 and max(block_d, block_dv) <= 128):
+    if backward and cuda_gpu and override is None and not dot_fp32 and warps == 4 and max(block_d, block_dv) <= 128:
         cap = CUDA_BACKWARD_REGISTERS
     return Plan(bm=tuple(bm), bn=tuple(bn), block_d=block_d, block_dv=block_dv, num_warps=warps, num_stages=stages,
                 dot_fp32=dot_fp32, precision=precision, dq_registers=cap, dkdv_registers=cap if ndim == 1 else None,
-                one_compare_mask=ndim == 1 and not (target.vendor == "cuda" and not interpreted and dot_fp32))
+                one_compare_mask=ndim == 1 and not (cuda_gpu and dot_fp32))
 
 
 def grid(target: Target, tiles: int) -> int:
