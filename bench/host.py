@@ -92,7 +92,7 @@ def launch_costs():
     q, k, v = (torch.randn(2, 12, 4096, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     out, lse = na._forward(q, k, v, [7], [1], [1], [False], 0.125, "shifted", target_for(q.device))
     grid, args, meta = na._forward_spec(q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype,
-                                        (7,), (1,), (1,), (False,), 0.125, "shifted", target_for(q.device), "")
+                                        (7,), (1,), (1,), (False,), 0.125, "shifted", target_for(q.device), "|", False)
     n = 5 + len(args)
     t = wall_ms(lambda: na_fwd_kernel[(grid,)](q, k, v, out, lse, *args, **meta), reps=500)
     print(f"bare Triton launch of na_fwd_kernel ({n} runtime args): {t * 1e3:.1f} us")

@@ -96,7 +96,7 @@ def run_ops() -> None:
         embedding._forward(weight, indices, H100)
         embedding._backward(torch.randn(64, dim, dtype=dtype), indices, 1000, -1, True, H100)
     # neighborhood attention: 1D narrow and wide windows, 2D, 3D, fp32 (ieee dots), truncated + causal,
-    # head dim 256
+    # head dim 256; then fp32 with TF32 dots
     for shape, kernel, dtype, window, causal in (
         ((2, 4, 64, 64), [7], bf16, "shifted", [False]),
         ((2, 4, 256, 128), [33], bf16, "shifted", [False]),
@@ -106,11 +106,22 @@ def run_ops() -> None:
         ((1, 2, 256, 256), [129], bf16, "shifted", [False]),  # the largest head dim, a wide window
         ((1, 2, 16, 16, 256), [5, 5], bf16, "shifted", [False, False]),
     ):
-        q = torch.randn(shape, dtype=dtype)
-        ndim = len(kernel)
-        args = (kernel, [1] * ndim, [1] * ndim, causal, q.shape[-1] ** -0.5, window, H100)
-        out, lse = na._forward(q, q, q, *args)
-        na._backward(out, lse, q, q, q, out, lse, *args)
+        _na_launches(shape, kernel, dtype, window, causal)
+    # fp32 with TF32 dots (torch.set_float32_matmul_precision("high"))
+    torch.set_float32_matmul_precision("high")
+    try:
+        for shape, kernel in (((1, 2, 256, 128), [33]), ((1, 2, 16, 16, 64), [7, 7])):
+            _na_launches(shape, kernel, f32, "shifted", [False] * len(kernel))
+    finally:
+        torch.set_float32_matmul_precision("highest")
+
+
+def _na_launches(shape, kernel, dtype, window, causal) -> None:
+    q = torch.randn(shape, dtype=dtype)
+    ndim = len(kernel)
+    args = (kernel, [1] * ndim, [1] * ndim, causal, q.shape[-1] ** -0.5, window, H100)
+    out, lse = na._forward(q, q, q, *args)
+    na._backward(out, lse, q, q, q, out, lse, *args)
 
 
 def resources(compiled) -> str:

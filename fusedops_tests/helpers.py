@@ -64,6 +64,23 @@ def execution_path(path: str, onchip_bytes: Optional[int] = None) -> Iterator[No
         yield
 
 
+@contextlib.contextmanager
+def float32_matmul_precision(precision: str) -> Iterator[None]:
+    """torch.set_float32_matmul_precision(precision) for the block ("highest", "high" or "medium"), then
+    the caller's setting back: the legacy one, and the new API's (torch >= 2.9) exactly."""
+    matmul = torch.backends.cuda.matmul
+    saved = getattr(matmul, "fp32_precision", None)
+    # the legacy getter raises once the new API is in use
+    legacy = torch.get_float32_matmul_precision() if saved in (None, "none") else "highest"
+    try:
+        torch.set_float32_matmul_precision(precision)
+        yield
+    finally:
+        torch.set_float32_matmul_precision(legacy)
+        if saved is not None:
+            matmul.fp32_precision = saved
+
+
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     """||out - ref|| / ||ref|| in float64; NaN anywhere in out fails every tolerance."""
     out, ref = out.double(), ref.double()

@@ -16,10 +16,12 @@ import triton
 import triton.language as tl
 
 import fusedops
+from fusedops.neighborhood_attention import op as na_op
 from fusedops.neighborhood_attention import reference
 from fusedops.neighborhood_attention.kernels import _query_span
 from fusedops.neighborhood_attention.op import reach
 from fusedops.neighborhood_attention.plan import fused_1d_block, make_plan
+from fusedops.numerics import tf32_allowed
 from fusedops.targets import Target, ascend_target, cuda_target
 
 from .helpers import (
@@ -33,6 +35,7 @@ from .helpers import (
     assert_export_round_trip,
     assert_inductor_like_eager,
     execution_path,
+    float32_matmul_precision,
     gpu,
     opaque_triton_ops,
 )
@@ -611,6 +614,42 @@ def test_one_compare_mask_plan(ndim, dtype, h100, interpreted_cuda, interpreted_
         assert one_compare(ascend_target(interpreted=True), backward) == interpreted_ascend
 
 
+@pytest.mark.parametrize("precision, allowed", [("highest", False), ("high", True), ("medium", True)])
+def test_tf32_allowed_follows_torch(precision, allowed):
+    with float32_matmul_precision(precision):
+        assert tf32_allowed() == allowed
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision"):  # torch >= 2.9: the new per-backend setting wins
+        with float32_matmul_precision(precision):
+            matmul.fp32_precision = "ieee" if allowed else "tf32"
+            assert tf32_allowed() == (not allowed)
+    assert not tf32_allowed()  # restored
+
+
+@pytest.mark.parametrize("spatial, kernel", [((64,), 7), ((12, 12), 5)])
+def test_float32_dots_follow_the_tf32_setting(spatial, kernel):
+    """float32 inputs on the H100 plan: TF32 dots where torch's matmul precision allows them (as torch's
+    matmuls and FlexAttention do), exact ieee dots otherwise, in every kernel, with the cached launch specs
+    keyed on the setting; 16-bit inputs and interpreted plans unaffected. The launches are recorded, not
+    run."""
+    def precisions(target, dtype, setting):
+        seen = []
+        q, k, v = (torch.randn(1, 2, *spatial, 32, dtype=dtype, requires_grad=True) for _ in range(3))
+        with float32_matmul_precision(setting), mock.patch.object(na_op, "target_for", lambda device: target), \
+                mock.patch.object(na_op, "launch", lambda kernel, grid, tensors, args, meta: seen.append(
+                    (meta["DOT_FP32"], meta["PRECISION"]))):
+            out = fusedops.neighborhood_attention(q, k, v, kernel)
+            torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+        assert len(seen) >= 2  # forward and backward
+        return set(seen)
+
+    assert precisions(_h100(), torch.float32, "highest") == {(True, "ieee")}
+    assert precisions(_h100(), torch.float32, "high") == {(True, "tf32")}
+    assert precisions(_h100(), torch.float32, "highest") == {(True, "ieee")}
+    assert precisions(_h100(), torch.bfloat16, "high") == {(False, "tf32")}  # 16-bit dots: the flag is moot
+    assert precisions(cuda_target(interpreted=True), torch.float32, "high") == {(True, "ieee")}
+
+
 def test_tile_override_is_taken_as_given():
     """A sweep's FUSEDOPS_NA_TILES is timed as named: not shrunk to the planner's on-chip budget (the
     planner's own 2-D tiles are), only clamped to the group lengths."""
@@ -666,6 +705,29 @@ def test_gpu_real_sizes(spec, dtype):
         assert_close(name, g, r, dtype, 4.0)
     again = run_fused(q, k, v, grad_out, grad_lse, case)[2]
     assert all(torch.equal(a, b) for a, b in zip(grads, again))
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("spatial, ks", [((2048,), (33,)), ((48, 40), (13, 9))])
+def test_gpu_float32_under_tf32(spatial, ks):
+    """torch.set_float32_matmul_precision("high") lets float32 dots use TF32 (different bits from the exact
+    default) at TF32's accuracy: a 10-bit mantissa like float16's, so float16's tolerances."""
+    case = dict(spatial=list(spatial), ks=list(ks), dil=[1] * len(ks), strd=[1] * len(ks), causal=[False] * len(ks),
+                window="shifted", batch=1, kv_heads=2, groups=2, head_dim=64, head_dim_v=64, dtype=torch.float32,
+                strided=True, scale=None, with_lse_grad=True, seed=5)
+    q, k, v, grad_out, grad_lse = build(case, "cuda")
+    with float32_matmul_precision("highest"):
+        exact = run_fused(q, k, v, grad_out, grad_lse, case)
+        ref_out, ref_lse, ref_grads = run_oracle(q, k, v, grad_out, grad_lse, case)
+    with float32_matmul_precision("high"):
+        out, lse, grads = run_fused(q, k, v, grad_out, grad_lse, case)
+    assert not torch.equal(out, exact[0])
+    assert_close("out", out, ref_out, torch.float16, 2.0)
+    assert_close("lse", lse, ref_lse, torch.float16, 1.0)
+    for name, g, r in zip(("dq", "dk", "dv"), grads, ref_grads):
+        assert_close(name, g, r, torch.float16, 4.0)
+    assert_close("exact out", exact[0], ref_out, torch.float32, 2.0)
 
 
 @gpu

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from fusedops.launch import launch
+from fusedops.numerics import tf32_allowed
 from fusedops.registry import backward_direct_ok, call_direct, direct_autograd, direct_call_ok, fused_op, memoize
 from fusedops.targets import Target, target_for
 from fusedops.validation import check_float, check_last_dim_contiguous, check_same_device
@@ -153,9 +154,9 @@ class _Geometry:
             n *= nb * d
         return n
 
-    def plan(self, target: Target, dtype: torch.dtype, backward: bool):
+    def plan(self, target: Target, dtype: torch.dtype, backward: bool, tf32: bool):
         return make_plan(target, self.spatial, self.dilation, self.head_dim, self.head_dim_v, dtype, self.ndim,
-                         backward=backward, kernel_volume=math.prod(self.kernel), halo=self.halo)
+                         backward=backward, kernel_volume=math.prod(self.kernel), halo=self.halo, tf32=tf32)
 
 
 def _meta(plan, window: str, ndim: int) -> dict:
@@ -174,15 +175,16 @@ def _launch_meta(plan) -> dict:
 
 
 # A launch: (grid, the scalar arguments after the tensors, the constexpr/launch keywords). Specs are
-# cached per shape/stride/argument combination: planning costs more host time than the launch.
+# cached per shape/stride/argument combination and settings (tile overrides, TF32): planning costs more
+# host time than the launch.
 Launch = tuple[int, tuple, dict]
 
 
 @memoize
 def _forward_spec(q_shape, q_stride, k_shape, k_stride, v_shape, v_stride, dtype, ks, dil, st, causal, scale,
-                  window, target: Target, tiles_env) -> Optional[Launch]:
+                  window, target: Target, tiles_env: str, tf32: bool) -> Optional[Launch]:
     geo = _Geometry(q_shape, k_shape, v_shape, ks, dil, st, causal)
-    plan = geo.plan(target, dtype, backward=False)
+    plan = geo.plan(target, dtype, backward=False, tf32=tf32)
     tiles = geo.tiles(plan.bm, geo.heads)
     if tiles == 0:
         return None
@@ -193,11 +195,17 @@ def _forward_spec(q_shape, q_stride, k_shape, k_stride, v_shape, v_stride, dtype
     return plan_grid(target, tiles), args, meta
 
 
+def _tf32(dtype: torch.dtype) -> bool:
+    """float32 dots may use TF32 (torch's matmul precision setting, read per call like torch's matmuls)."""
+    return dtype == torch.float32 and tf32_allowed()
+
+
 def _forward(q, k, v, ks, dil, st, causal, scale, window, target: Target) -> tuple[Tensor, Tensor]:
     out = q.new_empty(*q.shape[:-1], v.shape[-1])
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
     spec = _forward_spec(q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, tuple(ks),
-                         tuple(dil), tuple(st), tuple(causal), scale, window, target, tiles_override())
+                         tuple(dil), tuple(st), tuple(causal), scale, window, target, tiles_override(),
+                         _tf32(q.dtype))
     if spec is not None:
         grid, args, meta = spec
         launch(na_fwd_kernel, (grid,), (q, k, v, out, lse), args, meta)
@@ -206,10 +214,10 @@ def _forward(q, k, v, ks, dil, st, causal, scale, window, target: Target) -> tup
 
 @memoize
 def _backward_spec(q_shape, q_stride, k_shape, k_stride, v_shape, v_stride, go_stride, dtype, ks, dil, st, causal,
-                   scale, window, has_dlse, target: Target, tiles_env) -> tuple[Launch, ...]:
+                   scale, window, has_dlse, target: Target, tiles_env: str, tf32: bool) -> tuple[Launch, ...]:
     """The backward's launches: (fused,) for a narrow 1-D window, else (dQ + delta, dK/dV)."""
     geo = _Geometry(q_shape, k_shape, v_shape, ks, dil, st, causal, window)
-    plan = geo.plan(target, dtype, backward=True)
+    plan = geo.plan(target, dtype, backward=True, tf32=tf32)
     if plan.fused:
         return (_fused_spec(geo, plan, q_stride, k_stride, v_stride, go_stride, scale, window, has_dlse, target),)
     meta = _meta(plan, window, geo.ndim)
@@ -260,7 +268,7 @@ def _backward(grad_out, grad_lse, q, k, v, out, lse, ks, dil, st, causal, scale,
     dlse = grad_lse.contiguous() if has_dlse else lse
     launches = _backward_spec(
         q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), grad_out.stride(), q.dtype, tuple(ks),
-        tuple(dil), tuple(st), tuple(causal), scale, window, has_dlse, target, tiles_override(),
+        tuple(dil), tuple(st), tuple(causal), scale, window, has_dlse, target, tiles_override(), _tf32(q.dtype),
     )
     if len(launches) == 1:
         (grid, args, meta), = launches

@@ -81,7 +81,7 @@ class Plan:
     block_dv: int
     num_warps: int
     dot_fp32: bool  # upcast dot operands in the kernel (the interpreter's bf16 dot is unreliable)
-    precision: str  # tl.dot input_precision: "ieee" keeps fp32 inputs exact
+    precision: str  # tl.dot input_precision of fp32 operands: "ieee" (exact) or "tf32"
     num_stages: int | None = None  # software-pipelining depth of the key/query loops; None: Triton's default
     fused: bool = False  # backward only: the fused 1-D kernel, BLOCK = bm[2] rows per program
     dq_registers: int | None = None  # per-thread register caps of the two backward kernels (CUDA's maxnreg)
@@ -173,9 +173,11 @@ def fused_1d_block(target: Target, halo: int, block_d: int, block_dv: int, dtype
 def make_plan(
     target: Target, spatial: Sequence[int], dilation: Sequence[int], head_dim: int, head_dim_v: int,
     dtype: torch.dtype, ndim: int, *, backward: bool, kernel_volume: int = 0, halo: int | None = None,
+    tf32: bool = False,
 ) -> Plan:
     """spatial/dilation padded to 3 axes; ndim the caller's number of spatial axes; halo (1-D backward)
-    the largest |key - query| distance of any window, which decides the fused 1-D backward."""
+    the largest |key - query| distance of any window, which decides the fused 1-D backward; tf32: float32
+    dots may round their inputs to TF32 (fusedops.numerics.tf32_allowed), taken on CUDA GPUs only."""
     group_len = [-(-length // d) for length, d in zip(spatial, dilation)]
     block_d = max(MIN_DOT, next_pow2(head_dim))
     block_dv = max(MIN_DOT, next_pow2(head_dim_v))
@@ -206,7 +208,7 @@ def make_plan(
     if override is not None and override[0][0] == 0 and not (backward and ndim == 1):
         override = None  # a fused-block override speaks to the 1-D backward only
     dot_fp32 = interpreted or dtype == torch.float32
-    precision = "ieee" if dot_fp32 else "tf32"
+    precision = "tf32" if not dot_fp32 or (tf32 and cuda_gpu) else "ieee"
     if backward and ndim == 1 and halo is not None:
         fused = None
         if override is not None and override[0][0] == 0:
