@@ -614,6 +614,31 @@ def test_one_compare_mask_plan(ndim, dtype, h100, interpreted_cuda, interpreted_
         assert one_compare(ascend_target(interpreted=True), backward) == interpreted_ascend
 
 
+@pytest.mark.parametrize("spatial, kernel, d, bm, bn, warps", [
+    ([16384], 129, 64, (1, 1, 32), (1, 1, 32), 4),
+    ([8192], 33, 128, (1, 1, 16), (1, 1, 32), 4),
+    ([1024], 129, 256, (1, 1, 16), (1, 1, 16), 8),
+    ([64, 64], 49, 64, (1, 4, 8), (1, 4, 8), 4),
+    ([128, 128], 169, 128, (1, 4, 4), (1, 4, 8), 4),
+    ([16, 32, 32], 343, 64, (2, 4, 4), (2, 4, 4), 4),
+])
+def test_cuda_float32_exact_dots_plan(spatial, kernel, d, bm, bn, warps):
+    """CUDA float32 with exact (ieee, FMA) dots: the spill-free tiles of CUDA_IEEE forward and backward
+    (bench/NOTES.md run 18; the 16-bit tiles spilled kilobytes, up to 12x slower); with TF32 dots, the
+    16-bit plans' tiles."""
+    pad = [1] * (3 - len(spatial))
+    halo = reach(kernel, 1, False, "shifted") if len(spatial) == 1 else None
+    for backward in (False, True):
+        def plan(dtype, tf32=False):
+            return make_plan(_h100(), pad + spatial, [1, 1, 1], d, d, dtype, len(spatial), backward=backward,
+                             kernel_volume=kernel, halo=halo, tf32=tf32)
+
+        exact = plan(torch.float32)
+        assert (exact.bm, exact.bn, exact.num_warps, exact.precision) == (bm, bn, warps, "ieee")
+        tf32, half = plan(torch.float32, tf32=True), plan(torch.bfloat16)
+        assert (tf32.bm, tf32.bn, tf32.num_warps, tf32.precision) == (half.bm, half.bn, half.num_warps, "tf32")
+
+
 @pytest.mark.parametrize("precision, allowed", [("highest", False), ("high", True), ("medium", True)])
 def test_tf32_allowed_follows_torch(precision, allowed):
     with float32_matmul_precision(precision):

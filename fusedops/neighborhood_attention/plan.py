@@ -43,6 +43,14 @@ CUDA_FORWARD = {
     2: ((1, 8, 8), (1, 8, 8), 4),
     3: ((4, 4, 8), (2, 4, 8), 4),
 }
+# CUDA float32 with exact (ieee) dots, which Triton computes with FMAs in registers: the 16-bit plans' tiles
+# spill kilobytes there (sm_90 compile, cuobjdump). {widest padded head dim: (query tile, key tile, warps)},
+# the largest tiles compiling without spills; the boxes of a tile per number of axes in IEEE_BOXES. H100
+# fwd+bwd against the 16-bit tiles (bench/NOTES.md run 18): k129 23.7 -> 2.5 ms, 2D 7x7 12.0 -> 1.5,
+# 13x13 D128 229 -> 42, 3D 369 -> 30, k33 D128 7.2 -> 6.6; 1-D windows up to NARROW_WINDOW keep their
+# tiles (k7: 0.72 ms, against 0.82 with these).
+CUDA_IEEE = {64: (32, 32, 4), 128: (16, 32, 4), 256: (16, 16, 8)}
+IEEE_BOXES = {32: {1: (1, 1, 32), 2: (1, 4, 8), 3: (2, 4, 4)}, 16: {1: (1, 1, 16), 2: (1, 4, 4), 3: (2, 2, 4)}}
 # Ascend and the interpreter: fewer, larger tiles (the budget loop shrinks them to fit the UB).
 LARGE_BOXES = {
     1: ((1, 1, 64), (1, 1, 64)),
@@ -186,9 +194,14 @@ def make_plan(
     # tl.dot tiles keep M, N, K >= 16 except on the CUDA plan's interpreter (upstream triton's allows
     # any size): triton-ascend 3.2's interpreter asserts 16 (the Ascend CI stage), as GPUs need.
     floor = 1 if interpreted and target.vendor == "cuda" else MIN_DOT
+    dot_fp32 = interpreted or dtype == torch.float32
+    precision = "tf32" if not dot_fp32 or (tf32 and cuda_gpu) else "ieee"
     warps = stages = None
     if not cuda_gpu:
         bm, bn = (list(b) for b in LARGE_BOXES[ndim])
+    elif precision == "ieee" and not (ndim == 1 and kernel_volume <= NARROW_WINDOW):
+        query, key, warps = next(plan for d, plan in sorted(CUDA_IEEE.items()) if max(block_d, block_dv) <= d)
+        bm, bn = list(IEEE_BOXES[query][ndim]), list(IEEE_BOXES[key][ndim])
     elif not backward:
         box_m, box_n, warps = CUDA_FORWARD[ndim]
         bm, bn = list(box_m), list(box_n)
@@ -207,8 +220,6 @@ def make_plan(
     override = _override(backward) if not interpreted else None
     if override is not None and override[0][0] == 0 and not (backward and ndim == 1):
         override = None  # a fused-block override speaks to the 1-D backward only
-    dot_fp32 = interpreted or dtype == torch.float32
-    precision = "tf32" if not dot_fp32 or (tf32 and cuda_gpu) else "ieee"
     if backward and ndim == 1 and halo is not None:
         fused = None
         if override is not None and override[0][0] == 0:
