@@ -1,5 +1,5 @@
 """python -m bench [ops...] [--device cuda|npu|cpu] [--dtype bf16|fp16|fp32] [--quick] [--sizes ...]
-                   [--out DIR] [--no-plots]
+                   [--matmul-precision highest|high|medium] [--out DIR] [--no-plots]
 
 Runs every selected op's benchmark (bench/<op>.py) on the device it finds, prints one table, writes
 <out>/<device>-<date>.json and PNG plots. On CPU it also runs a kernel-vs-reference parity check of each
@@ -35,6 +35,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", choices=["cuda", "npu", "cpu"], default=None, help="default: cuda, npu, then cpu")
     p.add_argument("--dtype", choices=list(DTYPES), default=None, help="default: bf16 (fp32 on cpu)")
     p.add_argument("--quick", action="store_true", help="one small case per op, short timing")
+    p.add_argument("--matmul-precision", choices=["highest", "high", "medium"], default=None,
+                   help="torch.set_float32_matmul_precision for every provider (fp32: 'high' lets fusedops, "
+                        "Flex and torch use TF32)")
     p.add_argument("--sizes", nargs="+", default=None,
                    help='cases to run, e.g. "8,1,8192,4096" (a case runs when its name contains one of these)')
     p.add_argument("--out", default=str(HERE / "results"), help="directory for the JSON and PNGs")
@@ -189,6 +192,8 @@ def main(argv=None) -> int:
     device = detect_device(args.device)
     dtype = DTYPES[args.dtype] if args.dtype else (torch.float32 if device.type == "cpu" else torch.bfloat16)
     ops = args.ops or list(OPS)
+    if args.matmul_precision:
+        torch.set_float32_matmul_precision(args.matmul_precision)
     ctx = Context(device=device, dtype=dtype, quick=args.quick, sizes=args.sizes)
     name = device_name(device)
     ctx.progress(f"device {device} ({name}), dtype {str(dtype).replace('torch.', '')}, ops {', '.join(ops)}"
@@ -211,7 +216,7 @@ def main(argv=None) -> int:
     stem = f"{device.type}-{datetime.date.today().isoformat()}"
     meta = {
         "device": str(device), "device_name": name, "dtype": str(dtype).replace("torch.", ""),
-        "quick": args.quick, "sizes": args.sizes, "ops": ops, "ceiling_tbps": ctx.ceiling_tbps,
+        "quick": args.quick, "sizes": args.sizes, "ops": ops, "matmul_precision": args.matmul_precision, "ceiling_tbps": ctx.ceiling_tbps,
         "torch": torch.__version__, "python": platform.python_version(), "argv": sys.argv[1:],
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "seconds": round(time.perf_counter() - started, 1),
