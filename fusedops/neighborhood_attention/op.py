@@ -390,7 +390,9 @@ def neighborhood_attention(
     Args:
         q: [B, H, *spatial, D]; k: [B, H_kv, *spatial, D]; v: [B, H_kv, *spatial, Dv], float32/float16/
             bfloat16, 1 to 3 spatial axes, H_kv dividing H (GQA/MQA), 8 <= D, Dv <= 256. Only the last
-            dim needs stride 1 (a permuted heads-last view is read in place).
+            dim needs stride 1 (a permuted heads-last view is read in place). float32 products are
+            exact unless torch's matmul precision allows TF32 (torch.set_float32_matmul_precision("high")),
+            which CUDA kernels then use, as torch's matmuls do; softmax and accumulators are float32.
         kernel_size, dilation, stride, is_causal: an int/bool or one per spatial axis. The neighbourhood
             of a query is the product of its per-axis windows.
         scale: softmax scale, default D ** -0.5.
