@@ -216,7 +216,8 @@ def main(argv=None) -> int:
     stem = f"{device.type}-{datetime.date.today().isoformat()}"
     meta = {
         "device": str(device), "device_name": name, "dtype": str(dtype).replace("torch.", ""),
-        "quick": args.quick, "sizes": args.sizes, "ops": ops, "matmul_precision": args.matmul_precision, "ceiling_tbps": ctx.ceiling_tbps,
+        "quick": args.quick, "sizes": args.sizes, "ops": ops, "matmul_precision": args.matmul_precision,
+        "ceiling_tbps": ctx.ceiling_tbps,
         "torch": torch.__version__, "python": platform.python_version(), "argv": sys.argv[1:],
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "seconds": round(time.perf_counter() - started, 1),
