@@ -41,6 +41,20 @@ CUDA_ONCHIP_BYTES = 192 * 1024
 CUDA_MAX_GRID = 2**31 - 1
 
 
+def size_hint(n, fallback: int = 4096) -> int:
+    """A plain int for a size that torch.compile may trace as symbolic (dynamic shapes), read without
+    installing a guard. Planners pick tile shapes from it and compute grids from the real size, so one
+    compiled graph stays correct for every size (tiles are masked, kernels loop over their blocks)
+    instead of being recompiled per sequence length. `fallback` serves a data-dependent size with no
+    hint at all."""
+    if not isinstance(n, torch.SymInt):
+        return n
+    from torch.fx.experimental import symbolic_shapes
+
+    hint = getattr(symbolic_shapes, "optimization_hint", None) or getattr(symbolic_shapes, "hint_int", None)
+    return hint(n, fallback=fallback) if hint is not None else int(n)  # int(): guards, but stays correct
+
+
 @dataclass(frozen=True)
 class Target:
     """What a launch planner needs to know about a device.
@@ -72,7 +86,8 @@ class Target:
         persistent = self.persistent if persistent is None else persistent
         cores = self.matrix_cores if matrix else self.vector_cores
         limit = cores * self.resident if persistent else self.max_grid
-        return max(1, min(blocks, limit, self.max_grid))
+        # sym_max/sym_min: a symbolic `blocks` gives a symbolic grid, with no guard on its value.
+        return torch.sym_max(1, torch.sym_min(blocks, min(limit, self.max_grid)))
 
     def check_grid(self, grid: tuple[int, ...]) -> tuple[int, ...]:
         """`grid` itself, after checking that the product of its dims is within max_grid (Ascend counts

@@ -37,7 +37,9 @@ def check_same_device(named: Iterable[tuple[str, Optional[torch.Tensor]]]) -> No
 
 
 def check_positive_finite(name: str, value: float) -> None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
+    """value: a Python number, or a symbolic one (torch.compile with dynamic shapes traces floats as
+    torch.SymFloat, which math.isfinite cannot take; comparisons guard on it instead)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, torch.SymInt, torch.SymFloat)):
         raise ValueError(f"{name} must be a float, got {type(value).__name__}")
-    if not math.isfinite(value) or value <= 0:
+    if not 0 < value < math.inf:  # NaN fails both comparisons
         raise ValueError(f"{name} must be positive and finite, got {value}")

@@ -144,6 +144,46 @@ def assert_compiled_leaves_like_eager(fn, inputs, rtol=2e-2, atol=2e-2) -> None:
         torch.testing.assert_close(g, ref, rtol=rtol, atol=atol * max(1.0, ref.abs().max().item()))
 
 
+def assert_dynamic_compile_like_eager(fn, input_sets, backend: str = "aot_eager", rtol=1e-5, atol=1e-5) -> None:
+    """torch.compile(fn, fullgraph=True, dynamic=True) over inputs of several shapes (what variable
+    sequence lengths give a training loop): one graph serves them all, with no recompilation, and
+    every output and input gradient matches eager's. Sizes must avoid 0 and 1, which torch always
+    specialises. Run it inside the execution path under test (and opaque_triton_ops() on CPU)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(fn, fullgraph=True, dynamic=True, backend=backend)
+    for inputs in input_sets:
+        leaves = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+        eager = fn(*inputs)
+        grad_out = torch.randn_like(eager)
+        eager_grads = torch.autograd.grad(eager, leaves, grad_out)
+        out = compiled(*inputs)
+        grads = torch.autograd.grad(out, leaves, grad_out)
+        torch.testing.assert_close(out, eager, rtol=rtol, atol=atol)
+        for g, ref in zip(grads, eager_grads):
+            torch.testing.assert_close(g, ref, rtol=rtol, atol=atol * max(1.0, ref.abs().max().item()))
+    assert counters["stats"]["unique_graphs"] == 1, f"recompiled: {dict(counters['stats'])}"
+
+
+def assert_export_dynamic_like_eager(path: str, model: torch.nn.Module, example: tuple, dynamic_shapes,
+                                     input_sets, op: str, rtol=1e-5, atol=1e-6) -> None:
+    """torch.export with symbolic dims keeps `fusedops.<op>` as a node, and the saved and reloaded
+    program serves inputs of other sizes like the eager model on `path`."""
+    import io
+
+    with execution_path(path), opaque_triton_ops():
+        program = torch.export.export(model, example, dynamic_shapes=dynamic_shapes)
+        buffer = io.BytesIO()
+        torch.export.save(program, buffer)
+        buffer.seek(0)
+        reloaded = torch.export.load(buffer).module()
+        assert any(f"fusedops.{op}" in str(node.target) for node in program.graph.nodes)
+        for inputs in input_sets:
+            torch.testing.assert_close(reloaded(*inputs), model(*inputs), rtol=rtol, atol=atol)
+
+
 def assert_inductor_like_eager(model: torch.nn.Module, x: torch.Tensor, rtol=2e-2, atol=2e-2) -> None:
     """On a GPU, Inductor compiles the ops' Triton kernels into its own graph (triton_op + wrap_triton,
     no opaque node): fullgraph compile must match eager, forward and parameter gradients."""

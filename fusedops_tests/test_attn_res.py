@@ -23,6 +23,8 @@ from .helpers import (
     assert_close,
     assert_compiled_leaves_like_eager,
     assert_compiles_like_eager,
+    assert_dynamic_compile_like_eager,
+    assert_export_dynamic_like_eager,
     assert_export_round_trip,
     assert_inductor_like_eager,
     execution_path,
@@ -411,6 +413,33 @@ def test_export_round_trip(path):
     assert_export_round_trip(path, TinyDepthModel().eval(), torch.randn(2, 5, 16), "attn_res")
 
 
+def _depth_inputs(shapes, dim=24, device="cpu", dtype=torch.float32):
+    return [(torch.randn(n, b, t, dim, device=device).to(dtype).requires_grad_(),
+             (0.5 * torch.randn(dim, device=device)).requires_grad_(),
+             (torch.rand(dim, device=device) + 0.5).requires_grad_()) for n, b, t in shapes]
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_compile_dynamic_shapes_one_graph(path):
+    """Depth, batch and tokens change between calls of one dynamic=True compile: no recompilation
+    and eager's outputs and gradients. Dynamo traces the default eps as a symbolic float here, which
+    the argument checks must accept."""
+    torch.manual_seed(12)
+    with execution_path(path), opaque_triton_ops():
+        assert_dynamic_compile_like_eager(lambda v, q, w: fusedops.attn_res(v, q, w),
+                                          _depth_inputs([(3, 2, 5), (5, 3, 9), (9, 2, 33)]))
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_export_dynamic_shapes(path):
+    """Exported with symbolic batch and sequence dims, one program serves other sizes."""
+    torch.manual_seed(13)
+    batch, seq = torch.export.Dim("batch", min=1, max=64), torch.export.Dim("seq", min=2, max=4096)
+    assert_export_dynamic_like_eager(path, TinyDepthModel().eval(), (torch.randn(2, 5, 16),),
+                                     ({0: batch, 1: seq},), [(torch.randn(3, 11, 16),), (torch.randn(1, 2, 16),)],
+                                     "attn_res")
+
+
 # ---- bad input: ValueError naming the argument, for every path (checks never read tensor data) ----
 
 def _good():
@@ -550,3 +579,13 @@ def test_gpu_inductor_fullgraph_matches_eager():
     torch.manual_seed(7)
     model = TinyDepthModel(dim=256, depth=4).cuda()
     assert_inductor_like_eager(model, torch.randn(4, 64, 256, device="cuda"))
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_inductor_dynamic_shapes_one_graph():
+    """Inductor traces the op's body (plans, grids, launches) with symbolic sizes."""
+    torch.manual_seed(14)
+    assert_dynamic_compile_like_eager(
+        lambda v, q, w: fusedops.attn_res(v, q, w), _depth_inputs([(4, 2, 64), (6, 3, 100), (9, 2, 257)], 256, "cuda"),
+        backend="inductor", rtol=1e-4, atol=1e-4)

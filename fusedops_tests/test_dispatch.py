@@ -142,3 +142,81 @@ def test_gpu_launch_cache_keys_on_alignment():
     indices = torch.randint(0, 64, (100,), device="cuda")
     for weight in (weight_aligned, weight_shifted, weight_aligned, weight_shifted):
         assert torch.equal(fusedops.embedding(indices, weight), weight[indices])
+
+
+# ----- symbolic sizes: what Inductor traces under torch.compile(dynamic=True) ---------------------------
+
+
+def _bodies():
+    """Each op body on the H100 plan, with inputs whose dims are all traced as symbols: (name, fn, inputs,
+    the (input, dim) pairs a plan may specialise on: feature and head dims, model constants)."""
+    from fusedops.attn_res import op as ar
+    from fusedops.embedding import op as em
+    from fusedops.neighborhood_attention import op as na
+
+    from .compile_sm90 import H100
+
+    bf16 = torch.bfloat16
+    v, q, w = torch.randn(4, 2, 64, 256, dtype=bf16), torch.randn(256), torch.rand(256)
+    out, lse, go = torch.randn(2, 64, 256, dtype=bf16), torch.randn(2, 64), torch.randn(2, 64, 256, dtype=bf16)
+    weight, idx = torch.randn(5000, 96), torch.randint(0, 5000, (4, 100))
+    qkv = [torch.randn(2, 4, 100, 64, dtype=bf16) for _ in range(4)]
+    qkv2 = [torch.randn(2, 4, 12, 16, 32, dtype=bf16) for _ in range(3)]
+    na_args = ((7,), (2,), (1,), (False,), 0.125, "shifted", H100)
+    return [
+        ("attn_res", lambda v, q, w: ar._forward(v, q, w, 1e-6, H100), (v, q, w), {(0, 3), (1, 0), (2, 0)}),
+        ("attn_res_backward", lambda go, v, q, w, o, l: ar._backward(go, v, q, w, 1e-6, True, True, True, H100, o, l),
+         (go, v, q, w, out, lse), {(0, 2), (1, 3), (2, 0), (3, 0), (4, 2)}),
+        ("embedding", lambda w, i: em._forward(w, i, H100), (weight, idx), {(0, 1)}),
+        ("embedding_backward", lambda g, i: em._backward(g, i, 5000, -1, False, H100),
+         (torch.randn(4, 100, 96), idx), {(0, 2)}),
+        ("neighborhood_attention 1d", lambda q, k, v: na._forward(q, k, v, *na_args), tuple(qkv[:3]),
+         {(0, 3), (1, 3), (2, 3)}),
+        ("neighborhood_attention 2d", lambda q, k, v: na._forward(q, k, v, (5, 7), (1, 1), (1, 1), (False, False),
+                                                                   0.125, "shifted", H100), tuple(qkv2),
+         {(0, 4), (1, 4), (2, 4)}),
+        ("neighborhood_attention_backward", lambda g, q, k, v, o, l: na._backward(g, None, q, k, v, o, l, *na_args),
+         (qkv[3], *qkv[:3], qkv[3], torch.randn(2, 4, 100)), {(0, 3), (1, 3), (2, 3), (3, 3), (4, 3)}),
+    ]
+
+
+def _specialised_sizes() -> dict:
+    """{op body: the Eq guards its trace put on a data size}. Run without TRITON_INTERPRET: a kernel
+    traced under the interpreter is launched on the fake tensors."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    report = {}
+    for name, fn, inputs, allowed in _bodies():
+        graph = make_fx(fn, tracing_mode="symbolic")(*inputs)
+        placeholders = [n for n in graph.graph.nodes if n.op == "placeholder"]
+        env = placeholders[0].meta["val"].fake_mode.shape_env
+        free = set()
+        for i, node in enumerate(placeholders):
+            for d, size in enumerate(node.meta["val"].shape):
+                if (i, d) not in allowed and isinstance(size, torch.SymInt):
+                    free |= size.node.expr.free_symbols
+        launches = sum("triton_kernel_wrapper" in str(n.target) for n in graph.graph.nodes)
+        fixed = [str(g.expr) for g in env.guards if g.expr.func.__name__ == "Equality" and g.expr.free_symbols & free]
+        report[name] = {"launches": launches, "fixed": fixed}
+    return report
+
+
+def test_plans_do_not_specialise_on_token_or_spatial_sizes():
+    """Traced with symbolic sizes (as Inductor traces a triton_op's body under dynamic shapes), the plans
+    may fix feature/head dims, but never batch, depth, token or spatial sizes: tile shapes come from
+    size hints and grids stay symbolic, so a compiled graph is not recompiled per sequence length."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "FUSEDOPS_INTERPRET")}
+    code = "import json; from fusedops_tests.test_dispatch import _specialised_sizes as f; print(json.dumps(f()))"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(report) == 7
+    for name, entry in report.items():
+        assert entry["launches"] >= 1, f"{name}: no kernel in the trace"
+        assert not entry["fixed"], f"{name}: a plan specialised a data size: {entry['fixed']}"

@@ -25,6 +25,8 @@ from .helpers import (
     assert_close,
     assert_compiled_leaves_like_eager,
     assert_compiles_like_eager,
+    assert_dynamic_compile_like_eager,
+    assert_export_dynamic_like_eager,
     assert_export_round_trip,
     execution_path,
     gpu,
@@ -355,6 +357,27 @@ def test_export_round_trip(path):
     assert_export_round_trip(path, Tower().eval(), torch.randint(0, 13, (3, 5)), "embedding", rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_compile_dynamic_shapes_one_graph(path):
+    """Batch and sequence length change between calls of one dynamic=True compile: no recompilation,
+    eager's outputs and weight gradients (padding row and frequency scaling included)."""
+    torch.manual_seed(2)
+    weight = torch.randn(40, 12, requires_grad=True)
+    sets = [(torch.randint(0, 40, shape), weight) for shape in ((2, 5), (3, 9), (4, 17))]
+    with execution_path(path), opaque_triton_ops():
+        assert_dynamic_compile_like_eager(lambda i, w: fusedops.embedding(i, w, padding_idx=3, scale_grad_by_freq=True),
+                                          sets)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_export_dynamic_shapes(path):
+    torch.manual_seed(3)
+    batch, seq = torch.export.Dim("batch", min=1, max=1024), torch.export.Dim("seq", min=1, max=8192)
+    assert_export_dynamic_like_eager(path, Tower().eval(), (torch.randint(0, 13, (3, 5)),), ({0: batch, 1: seq},),
+                                     [(torch.randint(0, 13, (2, 9)),), (torch.randint(0, 13, (7, 1)),)], "embedding",
+                                     rtol=0, atol=0)
+
+
 # ----- the module -----------------------------------------------------------------------------------
 
 
@@ -501,6 +524,13 @@ class TestGPU:
         eager = model(x)
         compiled = torch.compile(model, fullgraph=True)
         assert torch.allclose(compiled(x), eager)
+
+    def test_inductor_dynamic_shapes_one_graph(self):
+        """Inductor traces the op's body (plans, grids, launches) with symbolic sizes."""
+        weight = torch.randn(5000, 96, device="cuda").requires_grad_()
+        sets = [(torch.randint(0, 5000, shape, device="cuda"), weight) for shape in ((4, 100), (8, 33), (3, 1000))]
+        assert_dynamic_compile_like_eager(lambda i, w: fusedops.embedding(i, w, check_bounds=False), sets,
+                                          backend="inductor")
 
 
 def test_inductor_compile_on_cpu_needs_no_wrapper_and_refuses_bad_indices():

@@ -32,6 +32,8 @@ from .helpers import (
     assert_close,
     assert_compiled_leaves_like_eager,
     assert_compiles_like_eager,
+    assert_dynamic_compile_like_eager,
+    assert_export_dynamic_like_eager,
     assert_export_round_trip,
     assert_inductor_like_eager,
     execution_path,
@@ -449,6 +451,37 @@ def test_export_round_trip(path):
     assert_export_round_trip(path, TinyModel().eval(), torch.randn(1, 5, 7, 16), "neighborhood_attention")
 
 
+def _qkv_sets(spatials, heads=(4, 2), dim=16, device="cpu", dtype=torch.float32):
+    return [tuple(torch.randn(2, h, *sp, dim, device=device).to(dtype).requires_grad_() for h in (heads[0], heads[1], heads[1]))
+            for sp in spatials]
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_compile_dynamic_shapes_one_graph(path):
+    """Sequence length, image size and head dim change between calls of one dynamic=True compile
+    (GQA, dilation, stride, a causal axis): no recompilation, eager's outputs and gradients. The
+    default scale, D ** -0.5, is then a symbolic float."""
+    torch.manual_seed(15)
+    with execution_path(path), opaque_triton_ops():
+        assert_dynamic_compile_like_eager(
+            lambda q, k, v: fusedops.neighborhood_attention(q, k, v, 5, dilation=2, stride=2),
+            _qkv_sets([(23,), (31,), (40,)]))
+        assert_dynamic_compile_like_eager(
+            lambda q, k, v: fusedops.neighborhood_attention(q, k, v, (3, 5), is_causal=(True, False)),
+            _qkv_sets([(6, 7), (9, 8), (7, 12)], dim=8) + _qkv_sets([(5, 9)], dim=12))
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_export_dynamic_shapes(path):
+    """Exported with symbolic image dims, one program serves other sizes; the kernel*dilation <= L
+    checks become bounds on the dims (3 and 6 here), not specialisations."""
+    torch.manual_seed(16)
+    b, h, w = (torch.export.Dim(name, min=lo, max=512) for name, lo in (("b", 1), ("h", 3), ("w", 6)))
+    assert_export_dynamic_like_eager(path, TinyModel().eval(), (torch.randn(2, 7, 9, 16),), ({0: b, 1: h, 2: w},),
+                                     [(torch.randn(1, 3, 6, 16),), (torch.randn(2, 11, 8, 16),)],
+                                     "neighborhood_attention")
+
+
 @pytest.mark.parametrize("cls,shape", [("NeighborhoodAttention1d", (2, 9, 16)), ("NeighborhoodAttention2d", (1, 5, 6, 16)),
                                        ("NeighborhoodAttention3d", (1, 3, 4, 5, 16))])
 def test_modules_match_functional(cls, shape):
@@ -778,3 +811,18 @@ def test_gpu_compile_of_leaf_inputs_matches_eager(kernel_size):
 def test_gpu_inductor_fullgraph_matches_eager():
     torch.manual_seed(7)
     assert_inductor_like_eager(TinyModel().cuda(), torch.randn(2, 12, 14, 16, device="cuda"))
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_inductor_dynamic_shapes_one_graph():
+    """Inductor traces the op's body (plans, grids, launches) with symbolic sizes."""
+    torch.manual_seed(17)
+    assert_dynamic_compile_like_eager(
+        lambda q, k, v: fusedops.neighborhood_attention(q, k, v, 7, dilation=2),
+        _qkv_sets([(100,), (257,), (1000,)], dim=64, device="cuda", dtype=torch.bfloat16),
+        backend="inductor", rtol=2e-2, atol=2e-2)
+    assert_dynamic_compile_like_eager(
+        lambda q, k, v: fusedops.neighborhood_attention(q, k, v, (5, 7)),
+        _qkv_sets([(12, 16), (20, 13), (9, 31)], dim=32, device="cuda", dtype=torch.bfloat16),
+        backend="inductor", rtol=2e-2, atol=2e-2)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from fusedops.registry import memoize
-from fusedops.targets import Target
+from fusedops.targets import Target, size_hint
 
 # Bytes of on-chip state per tile element: the forward keeps the fp32 accumulator, the loaded row and
 # the folded query; the backward keeps grad_out, the query, the loaded row and the gradient row.
@@ -81,12 +83,13 @@ def make_plan(target: Target, tokens: int, dim: int, elem_size: int, *, backward
         else:
             wanted = CUDA_BACKWARD_TILE_ELEMENTS if one_tile else CUDA_BACKWARD_TILED_ELEMENTS
         wanted = max(wanted, block_d)
-    block_t = max(1, min(prev_pow2(max(1, wanted // block_d)), next_pow2(max(tokens, 1))))
+    hint = size_hint(tokens)  # tile shapes from the (hinted) size; blocks and grids from the real one
+    block_t = max(1, min(prev_pow2(max(1, wanted // block_d)), next_pow2(max(hint, 1))))
     if not target.interpreted:
         # Small rows: shrink the token block until every core has work (the interpreter, which runs
         # programs one by one, keeps large blocks).
         slots = target.vector_cores * target.resident
-        block_t = max(1, min(block_t, prev_pow2(max(1, tokens // slots))))
+        block_t = max(1, min(block_t, prev_pow2(max(1, hint // slots))))
     blocks = -(-tokens // block_t)
     # The backward is always persistent: each program owns one row of fp32 partial sums for the
     # query/weight gradient, reduced in a fixed order afterwards (deterministic, no atomics).
@@ -94,11 +97,11 @@ def make_plan(target: Target, tokens: int, dim: int, elem_size: int, *, backward
     grid = target.grid_size(blocks, persistent=persistent)
     num_warps = CUDA_NUM_WARPS
     if one_pass and target.vendor == "cuda":
-        grid = min(blocks, target.vector_cores * CUDA_ONEPASS_PROGRAMS_PER_CORE)
+        grid = torch.sym_min(blocks, target.vector_cores * CUDA_ONEPASS_PROGRAMS_PER_CORE)
         per_warp = 32 * CUDA_ELEMENTS_PER_THREAD
         num_warps = min(CUDA_MAX_WARPS, max(CUDA_NUM_WARPS, block_t * block_d // per_warp))
     elif backward:
-        grid = min(grid, target.vector_cores * BACKWARD_PROGRAMS_PER_CORE)
+        grid = torch.sym_min(grid, target.vector_cores * BACKWARD_PROGRAMS_PER_CORE)
     # Two rows in flight per depth step was measured on the H100 only. The Ascend plan loads one: its
     # odd-N tail relies on masks that triton-ascend 3.2's interpreter drops when a mask is one
     # element and False (`if not mask` in its store/load), which BLOCK_T == 1 tiles hit.
@@ -123,6 +126,6 @@ def reduce_plan(target: Target, dim: int, programs: int) -> tuple[int, int, int]
     block_d = max(min(next_pow2(dim), widest), max(1, target.row_align // 4))
     budget = max(1, target.onchip_bytes // (8 * block_d))
     tallest = CUDA_REDUCE_MAX_BLOCK_P if cuda else REDUCE_MAX_BLOCK_P
-    block_p = max(1, min(prev_pow2(budget), next_pow2(programs), tallest))
+    block_p = max(1, min(prev_pow2(budget), next_pow2(size_hint(programs)), tallest))
     grid = target.grid_size(-(-dim // block_d))
     return block_d, block_p, grid

@@ -11,7 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from fusedops.targets import Target
+import torch
+
+from fusedops.targets import Target, size_hint
 
 # On-chip bytes per tile element. Forward: the loaded tile, its copy on the way out, and the int64
 # gather offsets. Backward: the fp32 accumulator, the loaded gradient upcast to fp32, the raw load,
@@ -83,6 +85,7 @@ def make_plan(target: Target, rows: int, dim: int, elem_size: int, *, backward: 
     if budget < min_d:
         raise ValueError(f"embedding: an on-chip budget of {target.onchip_bytes} bytes cannot hold one aligned tile row")
     largest = prev_pow2(budget)
+    hint = size_hint(rows)  # tile shapes from the (hinted) size; tiles and the grid from the real one
     cuda = target.vendor == "cuda" and not target.interpreted
     max_registers = None
     if cuda and backward:
@@ -101,9 +104,9 @@ def make_plan(target: Target, rows: int, dim: int, elem_size: int, *, backward: 
             # Ascend and the interpreter: few, large tiles; the whole row when it fits the budget.
             wanted = largest
             block_d = _block_d(dim, min_d, largest)
-        block_rows = max(1, min(prev_pow2(max(1, wanted // block_d)), next_pow2(max(rows, 1))))
+        block_rows = max(1, min(prev_pow2(max(1, wanted // block_d)), next_pow2(max(hint, 1))))
         num_warps = min(8, max(1, block_rows * block_d // 1024))
-    tiles = -(-max(rows, 1) // block_rows) * -(-max(dim, 1) // block_d)
+    tiles = -(-torch.sym_max(rows, 1) // block_rows) * -(-max(dim, 1) // block_d)
     if backward:
         tiles += tokens * -(-max(dim, 1) // block_d)
     return Plan(block_rows=block_rows, block_d=block_d, grid=target.grid_size(tiles), num_warps=num_warps,

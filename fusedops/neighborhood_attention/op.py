@@ -11,8 +11,8 @@ from torch import Tensor
 from fusedops.launch import launch
 from fusedops.numerics import tf32_allowed
 from fusedops.registry import backward_direct_ok, call_direct, direct_autograd, direct_call_ok, fused_op, memoize
-from fusedops.targets import Target, target_for
-from fusedops.validation import check_float, check_last_dim_contiguous, check_same_device
+from fusedops.targets import Target, size_hint, target_for
+from fusedops.validation import check_float, check_last_dim_contiguous, check_positive_finite, check_same_device
 
 from . import reference
 from .kernels import LOG2E, na_bwd_dkdv_kernel, na_bwd_dq_kernel, na_bwd_fused_1d_kernel, na_fwd_kernel
@@ -105,9 +105,8 @@ def check_args(
             raise ValueError(f"stride must be 1 with window='truncated', got {st}")
     if scale is None:
         return ks, dil, st, causal, head_dim ** -0.5  # may be symbolic under torch.compile
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
-        raise ValueError(f"scale must be a positive finite float, got {scale!r}")
-    return ks, dil, st, causal, float(scale)
+    check_positive_finite("scale", scale)
+    return ks, dil, st, causal, scale if isinstance(scale, torch.SymFloat) else float(scale)
 
 
 def _pad3(values: Sequence, fill) -> list:
@@ -155,7 +154,9 @@ class _Geometry:
         return n
 
     def plan(self, target: Target, dtype: torch.dtype, backward: bool, tf32: bool):
-        return make_plan(target, self.spatial, self.dilation, self.head_dim, self.head_dim_v, dtype, self.ndim,
+        # Tile shapes from the (hinted) lengths; tiles and grids from the real ones (see size_hint).
+        spatial = tuple(size_hint(length) for length in self.spatial)
+        return make_plan(target, spatial, self.dilation, self.head_dim, self.head_dim_v, dtype, self.ndim,
                          backward=backward, kernel_volume=math.prod(self.kernel), halo=self.halo, tf32=tf32)
 
 
