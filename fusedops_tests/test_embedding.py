@@ -133,6 +133,24 @@ def test_backward_bitwise_deterministic(path, scale, monkeypatch):
     assert_close("grad_weight", first, ref, torch.float32)
 
 
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+def test_backward_every_run_length_up_to_29(path, monkeypatch):
+    """Row r is named r + 1 times (shuffled), so the run walk (four tokens, then eight per step) ends at
+    every offset of its first step and of three later ones."""
+    monkeypatch.setenv("FUSEDOPS_ASCEND_VECTOR_CORES", FEW_CORES)
+    gen = torch.Generator().manual_seed(4)
+    V, D = 30, 8
+    indices = torch.cat([torch.full((r + 1,), r) for r in range(29)])
+    indices = indices[torch.randperm(indices.numel(), generator=gen)]
+    grad_out = torch.randn(indices.numel(), D, generator=gen)
+    for scale in (False, True):
+        with execution_path(path):
+            got = torch.ops.fusedops.embedding_backward(grad_out, indices, V, None, scale)
+        assert_close("grad_weight", got, torch_reference(torch.zeros(V, D), indices, grad_out, None, scale)[1],
+                     torch.float32)
+        assert not got[29].any()
+
+
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
 def test_empty_indices(path, index_dtype):
