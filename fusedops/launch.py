@@ -12,6 +12,7 @@ value, the constexpr/launch options, and each tensor's dtype, device and 16-byte
 
 from __future__ import annotations
 
+import contextlib
 from typing import Callable, Sequence
 
 import torch
@@ -31,14 +32,39 @@ def _tensor_key(tensors: Sequence[torch.Tensor]) -> tuple:
     return tuple((t.dtype, t.get_device(), t.data_ptr() % 16 == 0) for t in tensors)
 
 
+def device_switch(t: torch.Tensor) -> contextlib.AbstractContextManager:
+    """A context making `t`'s device the current one when another device of its kind is current:
+    Triton launches on the current device and stream, so tensors on cuda:1 while cuda:0 is current (a
+    model spread over GPUs) would otherwise run on the wrong GPU."""
+    index = t.device.index
+    module = getattr(torch, t.device.type, None) if t.device.type != "cpu" else None
+    current = getattr(module, "current_device", None)
+    if index is None or current is None or not hasattr(module, "device") or current() == index:
+        return contextlib.nullcontext()
+    return module.device(index)
+
+
 def launch(kernel, grid: tuple[int, ...], tensors: Sequence[torch.Tensor], scalars: tuple, meta: dict) -> None:
-    """kernel[grid](*tensors, *scalars, **meta), the tensors being the kernel's leading parameters.
-    meta may hold `maxnreg` (a per-thread register cap), honoured on direct CUDA launches only: the
-    interpreter has no registers and torch.compile's wrap_triton would take it for a kernel argument."""
-    if is_wrap_triton_enabled() or not tensors[0].is_cuda:
-        meta = {k: v for k, v in meta.items() if k != "maxnreg"}
-        wrap_triton(kernel)[grid](*tensors, *scalars, **meta)
+    """kernel[grid](*tensors, *scalars, **meta) on the first tensor's device, the tensors being the
+    kernel's leading parameters. meta may hold `maxnreg` (a per-thread register cap), honoured on
+    direct CUDA launches only: the interpreter has no registers and torch.compile's wrap_triton would
+    take it for a kernel argument."""
+    if is_wrap_triton_enabled():  # traced: the generated code sets the device itself
+        _launch_wrapped(kernel, grid, tensors, scalars, meta)
         return
+    with device_switch(tensors[0]):
+        if tensors[0].is_cuda:
+            _launch_cached(kernel, grid, tensors, scalars, meta)
+        else:
+            _launch_wrapped(kernel, grid, tensors, scalars, meta)
+
+
+def _launch_wrapped(kernel, grid, tensors, scalars, meta) -> None:
+    meta = {k: v for k, v in meta.items() if k != "maxnreg"}
+    wrap_triton(kernel)[grid](*tensors, *scalars, **meta)
+
+
+def _launch_cached(kernel, grid, tensors, scalars, meta) -> None:
     key = (kernel, grid, scalars, tuple(meta.items()), _tensor_key(tensors))
     entry = _CACHE.get(key)
     if entry is not None:

@@ -4,6 +4,8 @@ tracing, faking, transforming or holding a tensor subclass."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -142,6 +144,48 @@ def test_gpu_launch_cache_keys_on_alignment():
     indices = torch.randint(0, 64, (100,), device="cuda")
     for weight in (weight_aligned, weight_shifted, weight_aligned, weight_shifted):
         assert torch.equal(fusedops.embedding(indices, weight), weight[indices])
+
+
+def test_launches_switch_to_the_tensors_device(monkeypatch):
+    """Triton launches on the current device: a launch whose tensors live on another device of the
+    same kind makes theirs current for the launch (a stand-in device module on CPU here; the real
+    thing in test_gpu_ops_on_a_device_that_is_not_current)."""
+    entered = []
+
+    class FakeCuda:
+        @staticmethod
+        def current_device():
+            return 0
+
+        @staticmethod
+        def device(index):
+            entered.append(index)
+            return contextlib.nullcontext()
+
+    class FakeTensor:
+        def __init__(self, device):
+            self.device = torch.device(device)
+
+    monkeypatch.setattr(torch, "cuda", FakeCuda)
+    for device, expected in (("cuda:1", [1]), ("cuda:0", []), ("cpu", []), ("cuda", [])):
+        entered.clear()
+        with launch_mod.device_switch(FakeTensor(device)):
+            pass
+        assert entered == expected, device
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_gpu_ops_on_a_device_that_is_not_current(op):
+    """Inputs on cuda:1 while cuda:0 is current (a model spread over GPUs): the same bits as on cuda:0."""
+    with torch.cuda.device(0):
+        ref = _outputs_and_grads(OPS[op], True, "cuda:0")
+        got = _outputs_and_grads(OPS[op], True, "cuda:1")
+    assert got[0].device == torch.device("cuda:1")
+    assert torch.equal(ref[0], got[0].to("cuda:0"))
+    for a, b in zip(ref[1], got[1]):
+        assert torch.equal(a, b.to("cuda:0"))
 
 
 # ----- symbolic sizes: what Inductor traces under torch.compile(dynamic=True) ---------------------------
