@@ -253,7 +253,8 @@ _ENV_KEYS = {
 
 
 def target_for(device: torch.device) -> Target | None:
-    """The target whose plan runs on `device`, or None where the PyTorch reference runs (plain CPU).
+    """The target whose plan runs on `device`, or None where the PyTorch reference runs (plain CPU,
+    meta).
     Cached per device and environment (it is asked on every launch)."""
     kind, index = device.type, device.index
     if kind == "cuda" and index is None:
@@ -277,4 +278,6 @@ def _target_for(kind: str, index: int | None, env: tuple) -> Target | None:
         if mode == "ascend":
             return ascend_target(interpreted=True)
         return None
+    if kind == "meta":
+        return None  # no data, shapes only: the PyTorch reference runs on meta tensors as on CPU ones
     raise NotImplementedError(f"fusedops has no kernels for device type {kind!r}")

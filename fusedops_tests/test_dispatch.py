@@ -95,6 +95,17 @@ def test_direct_call_ok_only_for_plain_eager_tensors():
     assert not direct_call_ok(x.as_subclass(Sub))
 
 
+@pytest.mark.parametrize("direct", [True, False], ids=["wrapper", "torch.ops"])
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_meta_tensors_give_shapes_and_dtypes(op, direct):
+    """On the meta device (models built with torch.device("meta"), shape inference) forward and backward
+    run without data and give what CPU tensors give, shape and dtype."""
+    cpu = _outputs_and_grads(OPS[op], direct, "cpu")
+    meta = _outputs_and_grads(OPS[op], direct, "meta")
+    for a, b in zip((cpu[0], *cpu[1]), (meta[0], *meta[1])):
+        assert b.device.type == "meta" and (b.shape, b.dtype) == (a.shape, a.dtype)
+
+
 def test_double_backward_is_refused_not_silently_zero():
     out, (values, query, weight) = _attn_res(True)
     (grad_values,) = torch.autograd.grad(out.sum(), (values,), create_graph=True)

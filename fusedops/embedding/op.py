@@ -260,7 +260,7 @@ def embedding(
     if sparse:
         raise ValueError("sparse=True is not supported by fusedops.embedding; the gradient is dense")
     check_args(weight, indices, padding_idx)
-    if indices.device.type != "cpu" and check_bounds and not torch.compiler.is_compiling():
+    if indices.device.type not in ("cpu", "meta") and check_bounds and not torch.compiler.is_compiling():
         raise_if_out_of_range(indices, weight.shape[0])
     if direct_call_ok(weight, indices):
         return _Direct.call(weight, indices, padding_idx, scale_grad_by_freq)

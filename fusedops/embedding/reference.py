@@ -35,13 +35,18 @@ def embedding_backward(
     grad_out: Tensor, indices: Tensor, num_weights: int, padding_idx: int, scale_grad_by_freq: bool
 ) -> Tensor:
     dim = grad_out.shape[-1]
+    if num_weights == 0:
+        return grad_out.new_zeros(0, dim)
     flat = indices.reshape(-1).long()
     g = grad_out.reshape(-1, dim).float()
     ok = in_range(flat, num_weights)
-    flat, g = flat[ok], g[ok]
+    # Out-of-range tokens become zero rows added to row 0 rather than being dropped by a boolean mask:
+    # no data-dependent shape, so meta tensors (shapes only) take this path too.
+    flat = torch.where(ok, flat, 0)
     if scale_grad_by_freq:
-        counts = torch.bincount(flat, minlength=num_weights).float()
-        g = g / counts[flat][:, None]
+        counts = torch.zeros(num_weights, device=flat.device).index_add_(0, flat, ok.float())
+        g = g / counts[flat].clamp_min(1)[:, None]
+    g = torch.where(ok[:, None], g, 0.0)
     grad = torch.zeros(num_weights, dim, dtype=torch.float32, device=grad_out.device).index_add_(0, flat, g)
     if padding_idx >= 0:
         grad[padding_idx] = 0
