@@ -14,7 +14,7 @@ import fusedops
 from fusedops import launch as launch_mod
 from fusedops.registry import direct_call_ok
 
-from .helpers import PATHS, execution_path, gpu
+from .helpers import KERNEL_PATHS, PATHS, execution_path, gpu
 
 
 def _attn_res(direct: bool, device: str = "cpu"):
@@ -197,6 +197,43 @@ def test_gpu_ops_on_a_device_that_is_not_current(op):
     assert torch.equal(ref[0], got[0].to("cuda:0"))
     for a, b in zip(ref[1], got[1]):
         assert torch.equal(a, b.to("cuda:0"))
+
+
+def _neighborhood_attention_1d(direct: bool, device: str = "cpu"):
+    gen = torch.Generator().manual_seed(4)
+    q = torch.randn(2, 4, 37, 16, generator=gen).to(device).requires_grad_()
+    k, v = (torch.randn(2, 2, 37, 16, generator=gen).to(device).requires_grad_() for _ in range(2))
+    out = fusedops.neighborhood_attention(q, k, v, 7, dilation=2, stride=2)
+    return out, (q, k, v)
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+@pytest.mark.parametrize("op", sorted(OPS) + ["neighborhood_attention_1d"])
+def test_plans_from_any_size_hint_stay_correct(path, op, monkeypatch):
+    """A graph compiled with dynamic shapes keeps the tiles its first sizes chose (targets.size_hint) and
+    runs them on every later size. Plans made from a hint of 1 or of 10**6 instead of the real sizes must
+    therefore still give the reference's outputs and gradients: tiles and grids cover any size."""
+    from fusedops.attn_res import plan as ar_plan
+    from fusedops.embedding import plan as em_plan
+    from fusedops.neighborhood_attention import op as na_op
+
+    build = {**OPS, "neighborhood_attention_1d": _neighborhood_attention_1d}[op]
+    caches = (ar_plan.make_plan, ar_plan.reduce_plan, na_op._forward_spec, na_op._backward_spec)
+    with execution_path("reference"):
+        ref = _outputs_and_grads(build, True)
+    try:
+        for hint in (1, 10**6):
+            for module in (ar_plan, em_plan, na_op):
+                monkeypatch.setattr(module, "size_hint", lambda n, fallback=4096, hint=hint: hint)
+            for cache in caches:
+                cache.cache_clear()
+            with execution_path(path):
+                got = _outputs_and_grads(build, True)
+            for a, b in zip((ref[0], *ref[1]), (got[0], *got[1])):
+                torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+    finally:
+        for cache in caches:
+            cache.cache_clear()
 
 
 # ----- symbolic sizes: what Inductor traces under torch.compile(dynamic=True) ---------------------------
