@@ -3,13 +3,16 @@ one-pass backward kernels for each (block_t, num_warps, programs per SM, launch 
 planner's choice, plus the planner's two-phase backward for reference, so a plan change is backed by a
 measurement. With bench/_prev_attn_res_kernels.py present (a copy of an earlier kernels.py, never
 committed), each configuration is also timed with that version's kernel in the same process.
-Usage: python -m bench.tune_attn_res   (TUNE_FORWARD=0 / TUNE_BACKWARD=0 skip a direction)"""
+Usage: python -m bench.tune_attn_res   (TUNE_FORWARD=0 / TUNE_BACKWARD=0 skip a direction)
+       python -m bench.tune_attn_res depth   (the depth-tile backward's configs against the one-pass and
+                                              two-phase plans, every (N, D) whose tile fits 32K elements)"""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import os
+import sys
 
 import torch
 import triton.testing
@@ -18,8 +21,8 @@ from torch._library.triton import set_wrap_triton_enabled
 from bench.common import measure_ceiling
 from fusedops.attn_res import kernels as attn_res_kernels
 from fusedops.attn_res import op as attn_res_op
-from fusedops.attn_res.op import _backward, _forward, backward_plan
-from fusedops.attn_res.plan import make_plan
+from fusedops.attn_res.op import _backward, _forward
+from fusedops.attn_res.plan import Plan, depth_tile_plan, make_plan, next_pow2
 from fusedops.launch import launch
 from fusedops.targets import cuda_target
 
@@ -35,16 +38,71 @@ ONE_PASS_CONFIGS = {
 CASES = [(8, 8192, 4096), (16, 4096, 4096), (64, 2048, 4096), (4, 8192, 4096), (8, 8192, 8192)]
 
 
+# The depth-tile sweep: (warps, programs per SM) of attn_res_bwd_depth_tile_kernel.
+DEPTH_CONFIGS = [(4, 1), (4, 2), (4, 4), (8, 1), (8, 2), (16, 1), (16, 2)]
+DEPTH_CASES = [(n, d) for d in (1024, 2048, 4096, 7168, 8192, 16384) for n in (2, 3, 4, 6, 8, 16, 32)
+               if next_pow2(n) * next_pow2(d) <= 32768]
+
+
 def main() -> None:
     # Outside a triton_op body wrap_triton dispatches through a higher-order op (~1 ms of host time per
     # launch); the op itself launches directly, and so must the sweep.
     with set_wrap_triton_enabled(False):
-        sweep()
+        sweep_depth_tile() if sys.argv[1:] == ["depth"] else sweep()
 
 
 def _time(label, fn, nbytes, ceiling, planner):
     ms = triton.testing.do_bench(fn, return_mode="median")
     print(f"{label}: {ms:.3f} ms {100 * nbytes / ms / 1e9 / ceiling:.0f}%{' (planner)' if planner else ''}", flush=True)
+    return ms
+
+
+def sweep_depth_tile() -> None:
+    """Whole backward (kernel + partial-sum reduction), bf16 values, fp32 parameters, every gradient."""
+    dev = torch.device("cuda")
+    target = cuda_target(dev)
+    ceiling = measure_ceiling(dev)
+    print(f"copy ceiling {ceiling:.2f} TB/s")
+    table = []
+    for n, dim in DEPTH_CASES:
+        tokens = max(8192, 2**25 // dim)
+        v = torch.randn(n, tokens, dim, device=dev, dtype=torch.bfloat16)
+        q, w = torch.randn(dim, device=dev) * 0.05, torch.rand(dim, device=dev) + 0.5
+        g = torch.randn(tokens, dim, device=dev, dtype=torch.bfloat16)
+        nbytes, case = (2 * n + 1) * tokens * dim * 2, f"N{n} T{tokens} D{dim}"
+        out, lse = _forward(v, q, w, 1e-6, target)
+        one = make_plan(target, tokens, dim, 2, backward=True, one_pass=True)
+        two = make_plan(target, tokens, dim, 2, backward=True)
+        ref = _backward(g, v, q, w, 1e-6, True, True, True, target, out, lse, None, one)
+        t_one = _time(f"one-pass {case}", lambda: _backward(g, v, q, w, 1e-6, True, True, True, target, out, lse,
+                                                             None, one), nbytes, ceiling, False)
+        t_two = _time(f"two-phase {case}", lambda: _backward(g, v, q, w, 1e-6, True, True, True, target, plan=two),
+                      nbytes, ceiling, False)
+        base = depth_tile_plan(target, tokens, n, dim, 2)
+        # Shapes the planner declines are timed too (its cut-off is a measurement): its own kernel
+        # settings, with the tile it would have had.
+        swept = base or Plan(block_t=1, block_d=next_pow2(dim), one_tile=True, grid=0, num_warps=0,
+                             block_n=next_pow2(n))
+        best, planned = (float("inf"), None), float("nan")
+        for warps, per_sm in DEPTH_CONFIGS:
+            if swept.block_n * swept.block_d > warps * 32 * 256:
+                continue
+            plan = dataclasses.replace(swept, num_warps=warps, grid=min(tokens, per_sm * target.vector_cores))
+            got = _backward(g, v, q, w, 1e-6, True, True, True, target, plan=plan)
+            err = max(((a.float() - b.float()).norm() / b.float().norm()).item() for a, b in zip(got, ref))
+            same = (warps, plan.grid) == (swept.num_warps, swept.grid)
+            ms = _time(f"depth-tile {case} w{warps} {per_sm}/SM err {err:.1e}",
+                       lambda: _backward(g, v, q, w, 1e-6, True, True, True, target, plan=plan), nbytes, ceiling, same)
+            best = min(best, (ms, f"w{warps} {per_sm}/SM"), key=lambda b: b[0])
+            if same:
+                planned = ms
+        table.append((case, t_one, t_two, best[0], best[1], planned))
+        del v, g, out
+        torch.cuda.empty_cache()
+    print("\ncase | one-pass ms | two-phase ms | best depth-tile ms (config) | planned depth-tile ms (nan: not"
+          " planned) | best of the other two / best depth tile")
+    for case, t_one, t_two, t_best, cfg, t_plan in table:
+        print(f"{case} | {t_one:.4f} | {t_two:.4f} | {t_best:.4f} ({cfg}) | {t_plan:.4f} | {min(t_one, t_two) / t_best:.2f}x")
 
 
 def sweep() -> None:
@@ -75,11 +133,11 @@ def sweep() -> None:
         if not BACKWARD:
             continue
         out, lse = _forward(v, q, w, 1e-6, target)
-        two_phase = backward_plan(target, tokens, dim, 2, one_pass=False)
-        _time(f"bwd two-phase {case}", lambda: _backward(g, v, q, w, 1e-6, True, True, True, target), bwd_bytes,
-              ceiling, True)
-        base = backward_plan(target, tokens, dim, 2, one_pass=True)
-        if not base.one_pass:
+        two_phase = make_plan(target, tokens, dim, 2, backward=True)
+        _time(f"bwd two-phase {case}", lambda: _backward(g, v, q, w, 1e-6, True, True, True, target, plan=two_phase),
+              bwd_bytes, ceiling, False)
+        base = make_plan(target, tokens, dim, 2, backward=True, one_pass=True)
+        if not base.one_tile:
             print(f"bwd one-pass {case}: no one-pass plan (two-phase {two_phase})")
             continue
         for name, kernel in _kernels("attn_res_bwd_onepass_kernel").items():

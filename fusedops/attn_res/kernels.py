@@ -461,6 +461,53 @@ def attn_res_bwd_onepass_kernel(
 
 
 @triton.jit
+def attn_res_bwd_depth_tile_kernel(
+    g_ptr, glse_ptr, v_ptr, q_ptr, w_ptr, dv_ptr, partial_ptr,
+    N, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, DV_STEP, eps,
+    HAS_WEIGHT: tl.constexpr, HAS_DLSE: tl.constexpr, NEED_DV: tl.constexpr, NEED_DU: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """Gradients of attn_res with all N source rows of one token on chip at once ([BLOCK_N, BLOCK_D],
+    BLOCK_N >= N): the softmax over depth is exact in fp32 from the rows themselves, so neither the
+    forward's out nor its lse is read; per token N + 1 rows are read and N written, the byte floor.
+    Persistent: program pid takes tokens pid, pid + grid, ... and writes its row of fp32 partial sums
+    of the query/weight gradient (partial_ptr, [grid, D])."""
+    eps = tl.cast(eps, tl.float32)  # Inductor passes Python floats as fp64
+    pid = tl.program_id(0)
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < D
+    n = tl.arange(0, BLOCK_N)
+    n_mask = n < N
+    mask = n_mask[:, None] & d_mask[None, :]
+    u = _folded_query(q_ptr, w_ptr, d, d_mask, HAS_WEIGHT)
+    du = tl.zeros([BLOCK_D], tl.float32)
+    src = n.to(tl.int64)[:, None] * STRIDE_N + d[None, :]
+    dst = n.to(tl.int64)[:, None] * DV_STEP + d[None, :]
+    for token in range(pid, T, tl.num_programs(0)):
+        t = token + tl.arange(0, 1).to(tl.int64)  # [1]: the token as a tensor, on every frontend
+        g = tl.load(g_ptr + t[:, None] * D + d[None, :], mask=d_mask[None, :], other=0.0).to(tl.float32)
+        x = tl.load(v_ptr + _token_rows(t, S1, S2, ST0, ST1, ST2)[:, None] + src, mask=mask, other=0.0)
+        x = x.to(tl.float32)
+        logit, rstd = _row_logit(x, u, D, eps)
+        gv = tl.sum(x * g, axis=1)
+        s = tl.where(n_mask, logit, float("-inf"))
+        p = tl.exp(s - tl.max(s, axis=0))
+        alpha = p / tl.sum(p, axis=0)
+        # d loss / d logit_i = alpha_i * (<g, v_i> - <g, out> + grad_lse)
+        g_out = tl.sum(alpha * gv, axis=0)
+        if HAS_DLSE:
+            g_out -= tl.sum(tl.load(glse_ptr + t), axis=0)
+        coef = alpha * (gv - g_out) * rstd
+        if NEED_DV:
+            dx = alpha[:, None] * g + coef[:, None] * (u[None, :] - (logit * rstd / D)[:, None] * x)
+            tl.store(dv_ptr + (t * D)[:, None] + dst, dx.to(dv_ptr.dtype.element_ty), mask=mask)
+        if NEED_DU:
+            du += tl.sum(coef[:, None] * x, axis=0)
+    if NEED_DU:
+        tl.store(partial_ptr + pid * D + d, du, mask=d_mask)
+
+
+@triton.jit
 def attn_res_param_grad_kernel(
     partial_ptr, q_ptr, w_ptr, dq_ptr, dw_ptr, P, D,
     HAS_WEIGHT: tl.constexpr, NEED_DQ: tl.constexpr, NEED_DW: tl.constexpr,

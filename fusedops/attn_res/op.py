@@ -20,8 +20,14 @@ from fusedops.validation import (
 )
 
 from . import reference
-from .kernels import attn_res_bwd_kernel, attn_res_bwd_onepass_kernel, attn_res_fwd_kernel, attn_res_param_grad_kernel
-from .plan import Plan, make_plan, reduce_plan
+from .kernels import (
+    attn_res_bwd_depth_tile_kernel,
+    attn_res_bwd_kernel,
+    attn_res_bwd_onepass_kernel,
+    attn_res_fwd_kernel,
+    attn_res_param_grad_kernel,
+)
+from .plan import Plan, depth_tile_plan, make_plan, reduce_plan
 
 
 def check_args(values: Tensor, query: Tensor, norm_weight: Optional[Tensor], eps: float) -> None:
@@ -77,9 +83,15 @@ def _forward(
     return out, lse
 
 
-def backward_plan(target: Target, tokens: int, dim: int, elem_size: int, one_pass: bool) -> Plan:
-    """The one-pass plan when the forward's out and lse are at hand and a whole row fits on chip;
+def backward_plan(target: Target, tokens: int, sources: int, dim: int, elem_size: int, one_pass: bool) -> Plan:
+    """The depth-tile plan when all N source rows of a token fit on chip (it needs neither out nor lse);
+    else the one-pass plan when the forward's out and lse are at hand and a whole row fits on chip;
     otherwise the two-phase plan."""
+    # Not for a symbolic N (torch.compile with dynamic shapes): its tile height would need a guard on N,
+    # and a graph is meant to serve every size without recompiling.
+    depth = depth_tile_plan(target, tokens, sources, dim, elem_size) if isinstance(sources, int) else None
+    if depth is not None:
+        return depth
     if one_pass:
         plan = make_plan(target, tokens, dim, elem_size, backward=True, one_pass=True)
         if plan.one_tile:
@@ -102,13 +114,13 @@ def _backward(
     if not (need_values or need_du):
         return grad_values, grad_query, grad_weight
     saved = out is not None and lse is not None
-    plan = plan or backward_plan(target, tokens, dim, values.element_size(), saved)
+    plan = plan or backward_plan(target, tokens, n, dim, values.element_size(), saved)
     one_pass = plan.one_pass and plan.one_tile and saved
     # One fp32 row of query/weight-gradient partial sums per program; not even allocated when only
-    # grad_values is wanted (frozen mixing parameters). The one-pass kernel writes every row once;
-    # the two-phase kernel adds to its row per token block, so it starts from zeros.
+    # grad_values is wanted (frozen mixing parameters). The depth-tile and one-pass kernels write every
+    # row once; the two-phase kernel adds to its row per token block, so it starts from zeros.
     rows = (plan.grid if tokens else 1, dim) if need_du else (1,)
-    alloc = values.new_empty if one_pass and tokens else values.new_zeros
+    alloc = values.new_empty if (one_pass or plan.block_n) and tokens else values.new_zeros
     partial = alloc(rows, dtype=torch.float32)
     if tokens:
         grad_out = grad_out.contiguous()
@@ -117,14 +129,20 @@ def _backward(
         dv = grad_values if need_values else grad_out
         glse = grad_out if grad_lse is None else grad_lse.contiguous()
         flags = dict(HAS_WEIGHT=norm_weight is not None, HAS_DLSE=grad_lse is not None, NEED_DV=need_values,
-                     NEED_DU=need_du, UNROLL=plan.unroll, BLOCK_T=plan.block_t, BLOCK_D=plan.block_d,
-                     num_warps=plan.num_warps, num_stages=plan.num_stages)
-        if one_pass:
+                     NEED_DU=need_du, BLOCK_D=plan.block_d, num_warps=plan.num_warps, num_stages=plan.num_stages)
+        if plan.block_n:
+            launch(
+                attn_res_bwd_depth_tile_kernel, (plan.grid,),
+                (grad_out, glse, values, query, weight, dv, partial),
+                (n, tokens, dim, s1, s2, st0, st1, st2, values.stride(0), tokens * dim, eps),
+                dict(flags, BLOCK_N=plan.block_n),
+            )
+        elif one_pass:
             launch(
                 attn_res_bwd_onepass_kernel, (plan.grid,),
                 (grad_out, glse, out.contiguous(), lse.contiguous(), values, query, weight, dv, partial),
                 (n, tokens, dim, s1, s2, st0, st1, st2, values.stride(0), tokens * dim, eps),
-                dict(flags, DEFER=out.dtype != torch.float32),
+                dict(flags, DEFER=out.dtype != torch.float32, UNROLL=plan.unroll, BLOCK_T=plan.block_t),
             )
         else:
             stats = values.new_empty((3, n, tokens), dtype=torch.float32)
@@ -133,7 +151,7 @@ def _backward(
                 (grad_out, glse, values, query, weight, dv, partial, stats),
                 (n, tokens, dim, s1, s2, st0, st1, st2, values.stride(0), n * tokens, tokens * dim,
                  (n - 1) * values.stride(0), (n - 1) * tokens, (n - 1) * tokens * dim, eps),
-                dict(flags, ONE_TILE=plan.one_tile),
+                dict(flags, ONE_TILE=plan.one_tile, UNROLL=plan.unroll, BLOCK_T=plan.block_t),
             )
     if need_du:
         block_d, block_p, grid = reduce_plan(target, dim, partial.shape[0])

@@ -53,6 +53,7 @@ class Plan:
     unroll: int = 1  # source rows loaded per depth step (2: two independent loads in flight)
     num_stages: int = 1
     one_pass: bool = False  # a plan of the one-pass backward kernel
+    block_n: int = 0  # > 0: a plan of the depth-tile backward kernel, which holds block_n >= N source rows
 
 
 @memoize
@@ -108,6 +109,47 @@ def make_plan(target: Target, tokens: int, dim: int, elem_size: int, *, backward
     unroll = 2 if one_tile and target.vendor == "cuda" else 1
     return Plan(block_t=block_t, block_d=block_d, one_tile=one_tile, grid=grid, num_warps=num_warps, unroll=unroll,
                 one_pass=one_pass)
+
+
+# The depth-tile backward holds all N source rows of a token at once. On CUDA the fp32 rows are the
+# only full-size live tile (the gradient is computed and stored element by element), so a tile costs
+# 4 + elem_size register bytes per element; Ascend keeps every element-wise temporary in UB.
+CUDA_DEPTH_TILE_EXTRA_BYTES = 4
+ASCEND_DEPTH_TILE_BYTES_PER_ELEMENT = 16
+# H100 sweep (bench/NOTES.md, attn_res run 10; bf16, whole backward): against the faster of the one-pass
+# and two-phase kernels the depth tile is 1.0-1.4x faster for tiles of up to 16K elements and 1.4x for 4
+# rows of 8K (D = 7168, 8192); larger tiles of more rows measured 0.84-1.06x (16 rows of 2K lose 16%), so
+# they are left to the other kernels. Fastest with at most 128 row elements per thread and at least one
+# warp per 1K of row width (up to 8), 4 programs per SM for tiles of up to 4K elements, 2 up to 16K and 1
+# above (programs past that compete for registers).
+CUDA_DEPTH_TILE_ELEMENTS = 16384
+CUDA_DEPTH_TILE_WIDE_ROWS = 4
+CUDA_DEPTH_TILE_ELEMENTS_PER_THREAD = 128
+CUDA_DEPTH_TILE_ROW_PER_WARP = 1024
+
+
+@memoize
+def depth_tile_plan(target: Target, tokens: int, sources: int, dim: int, elem_size: int) -> Plan | None:
+    """The plan of attn_res_bwd_depth_tile_kernel for `sources` (N, a plain int) rows per token, or
+    None when its [next_pow2(N), next_pow2(D)] tile does not fit on chip (or, on CUDA, is a shape that
+    the one-pass kernel runs faster)."""
+    block_n = next_pow2(sources)
+    block_d = max(next_pow2(dim), max(1, target.row_align // elem_size))
+    tile = block_n * block_d
+    cuda = target.vendor == "cuda"
+    per_element = CUDA_DEPTH_TILE_EXTRA_BYTES + elem_size if cuda else ASCEND_DEPTH_TILE_BYTES_PER_ELEMENT
+    if tile * per_element > target.onchip_bytes:
+        return None
+    if cuda and tile > CUDA_DEPTH_TILE_ELEMENTS and block_n > CUDA_DEPTH_TILE_WIDE_ROWS:
+        return None
+    if not cuda:
+        return Plan(block_t=1, block_d=block_d, one_tile=True, grid=target.grid_size(tokens, persistent=True),
+                    num_warps=CUDA_NUM_WARPS, block_n=block_n)
+    per_warp = 32 * CUDA_DEPTH_TILE_ELEMENTS_PER_THREAD
+    num_warps = max(CUDA_NUM_WARPS, tile // per_warp, min(CUDA_MAX_WARPS, block_d // CUDA_DEPTH_TILE_ROW_PER_WARP))
+    per_core = 4 if tile <= 4096 else 2 if tile <= 16384 else 1
+    grid = torch.sym_min(tokens, target.vector_cores * per_core)
+    return Plan(block_t=1, block_d=block_d, one_tile=True, grid=grid, num_warps=num_warps, block_n=block_n)
 
 
 # The partial-sum reduction is latency-bound (a few MB, just written, in L2): on CUDA, narrow feature
