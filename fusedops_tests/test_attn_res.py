@@ -590,11 +590,19 @@ def test_cuda_backward_takes_the_depth_tile_where_measured_faster(n, dim, elem, 
 
 # ---- real kernels on a GPU ----
 
+GPU_ONE_PASS_SIZES = [(8, 4096), (16, 4096), (64, 4096), (8, 7168), (16, 7168), (64, 7168)]
+GPU_DEPTH_TILE_SIZES = [(2, 16384), (4, 4096), (3, 7168), (16, 1024)]
+
+
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("n", [8, 16, 64])
-@pytest.mark.parametrize("dim", [4096, 7168])
+@pytest.mark.parametrize(("n", "dim"), GPU_ONE_PASS_SIZES + GPU_DEPTH_TILE_SIZES)
 def test_gpu_real_sizes(n, dim):
+    """Model widths on the one-pass backward (N >= 8) and on the depth tile (a token's rows fit on chip)."""
+    from fusedops.attn_res.op import backward_plan
+
+    plan = backward_plan(cuda_target(torch.device("cuda")), 256, n, dim, 2, one_pass=True)
+    assert bool(plan.block_n) == ((n, dim) in GPU_DEPTH_TILE_SIZES)
     torch.manual_seed(n + dim)
     values = torch.randn(n, 2, 128, dim, device="cuda").to(torch.bfloat16)
     query = torch.randn(dim, device="cuda") * 0.05
