@@ -273,6 +273,15 @@ def test_many_sources_no_cap(path):
 
 
 @pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("backward", BACKWARDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_many_sources_gradients(path, backward, dtype):
+    """Gradients at N = 1030 with narrow rows: on the CUDA plan the depth tile holds all of a token's
+    rows at once (2048 x 8, most of them padding), elsewhere the one-pass or two-phase kernel walks them."""
+    check_case((1030, (3,), 5, dtype, torch.float32, "bank", 1.0, 1.0, True, 1e-6, 7), path, backward=backward)
+
+
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("dim", [4096, 7168, 16384])
 def test_model_sized_rows(path, dim):
     """Real model widths at the default budgets: 16384 does not fit on chip in either plan, so the
