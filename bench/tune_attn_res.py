@@ -5,7 +5,8 @@ measurement. With bench/_prev_attn_res_kernels.py present (a copy of an earlier 
 committed), each configuration is also timed with that version's kernel in the same process.
 Usage: python -m bench.tune_attn_res   (TUNE_FORWARD=0 / TUNE_BACKWARD=0 skip a direction)
        python -m bench.tune_attn_res depth   (the depth-tile backward's configs against the one-pass and
-                                              two-phase plans, every (N, D) whose tile fits 32K elements)"""
+                                              two-phase plans, every (N, D) whose tile fits 32K elements)
+       python -m bench.tune_attn_res depth-fwd   (the depth-tile forward's configs against the online one)"""
 
 from __future__ import annotations
 
@@ -40,6 +41,8 @@ CASES = [(8, 8192, 4096), (16, 4096, 4096), (64, 2048, 4096), (4, 8192, 4096), (
 
 # The depth-tile sweep: (warps, programs per SM) of attn_res_bwd_depth_tile_kernel.
 DEPTH_CONFIGS = [(4, 1), (4, 2), (4, 4), (8, 1), (8, 2), (16, 1), (16, 2)]
+# The forward depth-tile sweep: (warps, programs per SM; 0: one program per token).
+DEPTH_FWD_CONFIGS = [(4, 0), (8, 0), (16, 0), (4, 4), (8, 4), (4, 8), (8, 2), (16, 1), (16, 2)]
 DEPTH_CASES = [(n, d) for d in (1024, 2048, 4096, 7168, 8192, 16384) for n in (2, 3, 4, 6, 8, 16, 32)
                if next_pow2(n) * next_pow2(d) <= 32768]
 
@@ -48,7 +51,7 @@ def main() -> None:
     # Outside a triton_op body wrap_triton dispatches through a higher-order op (~1 ms of host time per
     # launch); the op itself launches directly, and so must the sweep.
     with set_wrap_triton_enabled(False):
-        sweep_depth_tile() if sys.argv[1:] == ["depth"] else sweep()
+        {"depth": sweep_depth_tile, "depth-fwd": sweep_depth_tile_forward}.get(" ".join(sys.argv[1:]), sweep)()
 
 
 def _time(label, fn, nbytes, ceiling, planner):
@@ -102,7 +105,51 @@ def sweep_depth_tile() -> None:
     print("\ncase | one-pass ms | two-phase ms | best depth-tile ms (config) | planned depth-tile ms (nan: not"
           " planned) | best of the other two / best depth tile")
     for case, t_one, t_two, t_best, cfg, t_plan in table:
-        print(f"{case} | {t_one:.4f} | {t_two:.4f} | {t_best:.4f} ({cfg}) | {t_plan:.4f} | {min(t_one, t_two) / t_best:.2f}x")
+        print(f"{case} | {t_one:.4f} | {t_two:.4f} | {t_best:.4f} ({cfg}) | {t_plan:.4f} | "
+              f"{min(t_one, t_two) / t_best:.2f}x")
+
+
+def sweep_depth_tile_forward() -> None:
+    """Forward kernel alone, bf16 values, fp32 query/weight: the online-softmax plan against the depth tile."""
+    dev = torch.device("cuda")
+    target = cuda_target(dev)
+    ceiling = measure_ceiling(dev)
+    print(f"copy ceiling {ceiling:.2f} TB/s")
+    table = []
+    for n, dim in DEPTH_CASES:
+        tokens = max(8192, 2**25 // dim)
+        v = torch.randn(n, tokens, dim, device=dev, dtype=torch.bfloat16)
+        q, w = torch.randn(dim, device=dev) * 0.05, torch.rand(dim, device=dev) + 0.5
+        nbytes, case = (n + 1) * tokens * dim * 2, f"N{n} T{tokens} D{dim}"
+        online = make_plan(target, tokens, dim, 2, backward=False)
+        ref = _forward(v, q, w, 1e-6, target, online)
+        t_online = _time(f"online {case}", lambda: _forward(v, q, w, 1e-6, target, online), nbytes, ceiling, False)
+        base = depth_tile_plan(target, tokens, n, dim, 2, backward=False)
+        swept = base or Plan(block_t=1, block_d=next_pow2(dim), one_tile=True, grid=0, num_warps=0,
+                             block_n=next_pow2(n))
+        best, planned = (float("inf"), None), float("nan")
+        for warps, per_sm in DEPTH_FWD_CONFIGS:
+            if swept.block_n * swept.block_d > warps * 32 * 128:
+                continue
+            grid = tokens if per_sm == 0 else min(tokens, per_sm * target.vector_cores)
+            plan = dataclasses.replace(swept, num_warps=warps, grid=grid)
+            got = _forward(v, q, w, 1e-6, target, plan)
+            err = max(((a.float() - b.float()).norm() / b.float().norm()).item() for a, b in zip(got, ref))
+            same = (warps, plan.grid) == (swept.num_warps, swept.grid)
+            label = f"w{warps} {'1/token' if per_sm == 0 else f'{per_sm}/SM'}"
+            ms = _time(f"depth-tile {case} {label} err {err:.1e}", lambda: _forward(v, q, w, 1e-6, target, plan),
+                       nbytes, ceiling, same)
+            best = min(best, (ms, label), key=lambda b: b[0])
+            if same:
+                planned = ms
+        table.append((case, t_online, best[0], best[1], planned, nbytes))
+        del v
+        torch.cuda.empty_cache()
+    print("\ncase | online ms (% copy) | best depth-tile ms (config, % copy) | planned depth-tile ms | online/best")
+    for case, t_on, t_best, cfg, t_plan, nb in table:
+        pct = lambda ms: 100 * nb / ms / 1e9 / ceiling  # noqa: E731
+        print(f"{case} | {t_on:.4f} ({pct(t_on):.1f}%) | {t_best:.4f} ({cfg}, {pct(t_best):.1f}%) | {t_plan:.4f} | "
+              f"{t_on / t_best:.2f}x")
 
 
 def sweep() -> None:

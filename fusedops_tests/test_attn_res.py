@@ -80,19 +80,20 @@ ENTRIES = {
 }
 
 
-# The backward kernels: "depth-tile" where a token's N rows fit on chip (as planned for small N * D),
-# else "one-pass" with the forward's out and lse saved (the wrapper) or "two-phase" without them.
-BACKWARDS = ["planned", "no-depth-tile"]
+# The kernels: the depth tiles where a token's N rows fit on chip (as planned for small N * D); else the
+# online-softmax forward, and the one-pass backward with the forward's out and lse saved (the wrapper) or
+# the two-phase one without them.
+KERNEL_CHOICES = ["planned", "no-depth-tile"]
 
 
 @contextlib.contextmanager
-def backward_kernels(which):
-    """"planned": the planner's choice; "no-depth-tile": the one-pass or two-phase kernel even where
-    the depth tile fits (what larger N * D runs), so that every kernel meets the test sizes."""
+def kernel_choice(which):
+    """"planned": the planner's choice; "no-depth-tile": the other kernels even where the depth tiles
+    fit (what larger N * D runs), so that every kernel meets the test sizes."""
     if which == "planned":
         yield
     else:
-        with mock.patch("fusedops.attn_res.op.depth_tile_plan", lambda *args: None):
+        with mock.patch("fusedops.attn_res.op.depth_tile_plan", lambda *args, **kwargs: None):
             yield
 
 
@@ -191,11 +192,11 @@ def build_inputs(case):
     return values, query, weight, eps, grad_out
 
 
-def check_case(case, path, onchip_bytes=None, entry="wrapper", backward="planned"):
+def check_case(case, path, onchip_bytes=None, entry="wrapper", kernels="planned"):
     values, query, weight, eps, grad_out = build_inputs(case)
     ref_out, ref_grads = reference_grads(values, query, weight, eps, grad_out)
     assume(representable(ref_grads, values, query, weight))
-    with execution_path(path, onchip_bytes), backward_kernels(backward):
+    with execution_path(path, onchip_bytes), kernel_choice(kernels):
         out, grads = run_op(values, query, weight, eps, grad_out, entry)
     assert out.dtype == values.dtype
     assert_close("out", out, ref_out, values.dtype)
@@ -212,22 +213,22 @@ def test_matches_einsum(path, case):
 @given(case=attn_res_cases())
 def test_one_pass_backward_matches_einsum(path, case):
     """The wrapper's backward without the depth tile: one pass over values with the saved out and lse."""
-    check_case(case, path, backward="no-depth-tile")
+    check_case(case, path, kernels="no-depth-tile")
 
 
 @pytest.mark.parametrize("path", KERNEL_PATHS)
-@pytest.mark.parametrize("backward", BACKWARDS)
+@pytest.mark.parametrize("kernels", KERNEL_CHOICES)
 @given(case=attn_res_cases())
-def test_two_phase_backward_matches_einsum(path, backward, case):
+def test_two_phase_backward_matches_einsum(path, kernels, case):
     """torch.ops.fusedops.attn_res has no lse to save: its backward is the depth tile where that fits
     (it needs neither out nor lse), else two-phase, re-deriving the softmax first."""
-    check_case(case, path, entry="ops.attn_res", backward=backward)
+    check_case(case, path, entry="ops.attn_res", kernels=kernels)
 
 
 @pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("backward", BACKWARDS)
+@pytest.mark.parametrize("kernels", KERNEL_CHOICES)
 @given(case=attn_res_cases(max_n=24), lse_scale=st.sampled_from([0.0, 1.0, 100.0]))
-def test_lse_matches_and_its_gradient_flows(path, backward, case, lse_scale):
+def test_lse_matches_and_its_gradient_flows(path, kernels, case, lse_scale):
     """return_lse gives logsumexp over depth of the logits; a loss on lse reaches every input."""
     values, query, weight, eps, grad_out = build_inputs(case)
     grad_lse = lse_scale * torch.randn(values.shape[1:-1], generator=torch.Generator().manual_seed(case[-1]))
@@ -235,7 +236,7 @@ def test_lse_matches_and_its_gradient_flows(path, backward, case, lse_scale):
     assume(representable(ref_grads, values, query, weight))
     _, ref_lse = einsum_attn_res(values, query, weight, eps, return_lse=True)
     leaves = [t.detach().clone().requires_grad_() if t is not None else None for t in (values, query, weight)]
-    with execution_path(path), backward_kernels(backward):
+    with execution_path(path), kernel_choice(kernels):
         out, lse = fusedops.attn_res(*leaves, eps, return_lse=True)
         torch.autograd.backward((out, lse), (grad_out, grad_lse))
     assert lse.dtype == torch.float32 and lse.shape == values.shape[1:-1]
@@ -273,12 +274,12 @@ def test_many_sources_no_cap(path):
 
 
 @pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("backward", BACKWARDS)
+@pytest.mark.parametrize("kernels", KERNEL_CHOICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_many_sources_gradients(path, backward, dtype):
+def test_many_sources_gradients(path, kernels, dtype):
     """Gradients at N = 1030 with narrow rows: on the CUDA plan the depth tile holds all of a token's
     rows at once (2048 x 8, most of them padding), elsewhere the one-pass or two-phase kernel walks them."""
-    check_case((1030, (3,), 5, dtype, torch.float32, "bank", 1.0, 1.0, True, 1e-6, 7), path, backward=backward)
+    check_case((1030, (3,), 5, dtype, torch.float32, "bank", 1.0, 1.0, True, 1e-6, 7), path, kernels=kernels)
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -339,12 +340,12 @@ def test_zero_query_is_uniform_average(path):
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("wanted", [(True, False, False), (False, True, True), (False, False, True)])
 @pytest.mark.parametrize("one_pass", [False, True])
-@pytest.mark.parametrize("backward", BACKWARDS)
-def test_backward_computes_only_needed_grads(path, wanted, one_pass, backward):
+@pytest.mark.parametrize("kernels", KERNEL_CHOICES)
+def test_backward_computes_only_needed_grads(path, wanted, one_pass, kernels):
     gen = torch.Generator().manual_seed(1)
     values, query, weight = torch.randn(4, 3, 10, generator=gen), torch.randn(10, generator=gen), torch.rand(10)
     grad_out = torch.randn(3, 10, generator=gen)
-    with execution_path(path), backward_kernels(backward):
+    with execution_path(path), kernel_choice(kernels):
         saved = torch.ops.fusedops.attn_res_with_lse(values, query, weight, 1e-6) if one_pass else ()
         grads = torch.ops.fusedops.attn_res_backward(grad_out, values, query, weight, 1e-6, *wanted, *saved)
     _, ref = reference_grads(values, query, weight, 1e-6, grad_out)
@@ -389,13 +390,13 @@ def test_strided_values_are_read_in_place(path, layout):
 @pytest.mark.parametrize("path", KERNEL_PATHS)
 @pytest.mark.parametrize("onchip_bytes", [None, TILED_BUDGET])
 @pytest.mark.parametrize("one_pass", [False, True])
-@pytest.mark.parametrize("backward", BACKWARDS)
-def test_backward_is_bitwise_deterministic(path, onchip_bytes, one_pass, backward):
+@pytest.mark.parametrize("kernels", KERNEL_CHOICES)
+def test_backward_is_bitwise_deterministic(path, onchip_bytes, one_pass, kernels):
     gen = torch.Generator().manual_seed(3)
     values = torch.randn(7, 9, 40, generator=gen).to(torch.bfloat16)
     query, weight = torch.randn(40, generator=gen), torch.rand(40, generator=gen)
     grad_out = torch.randn(9, 40, generator=gen).to(torch.bfloat16)
-    with execution_path(path, onchip_bytes), backward_kernels(backward):
+    with execution_path(path, onchip_bytes), kernel_choice(kernels):
         saved = torch.ops.fusedops.attn_res_with_lse(values, query, weight, 1e-6) if one_pass else ()
         runs = [
             torch.ops.fusedops.attn_res_backward(grad_out, values, query, weight, 1e-6, True, True, True, *saved)
@@ -595,6 +596,22 @@ def test_cuda_backward_takes_the_depth_tile_where_measured_faster(n, dim, elem, 
             assert plan.block_n >= n and plan.block_d >= dim
             threads = 32 * plan.num_warps
             assert plan.block_n * plan.block_d <= 128 * threads and plan.num_warps * 1024 >= min(plan.block_d, 8192)
+
+
+@pytest.mark.parametrize(("n", "dim", "depth_tile"), [
+    (2, 1024, True), (8, 1024, True), (4, 2048, True), (4, 4096, True), (3, 7168, True), (2, 16384, True),
+    (16, 1024, False), (6, 2048, False), (8, 4096, False), (64, 4096, False)])
+def test_cuda_forward_takes_the_depth_tile_where_measured_faster(n, dim, depth_tile):
+    """The H100 sweep (bench/NOTES.md, run 11): up to 4 rows of any width that fits, or tiles of up to 8K
+    elements; 128 row elements per thread; one program per token for tiles of up to 4K elements."""
+    from fusedops.attn_res.op import forward_plan
+
+    plan = forward_plan(cuda_target(interpreted=True), 8192, n, dim, 2)
+    assert bool(plan.block_n) == depth_tile
+    if depth_tile:
+        tile = plan.block_n * plan.block_d
+        assert plan.block_n >= n and plan.block_d >= dim and plan.num_warps == max(4, tile // (32 * 128))
+        assert (plan.grid == 8192) == (tile <= 4096)
 
 
 # ---- real kernels on a GPU ----

@@ -126,6 +126,39 @@ def attn_res_fwd_kernel(
 
 
 @triton.jit
+def attn_res_fwd_depth_tile_kernel(
+    v_ptr, q_ptr, w_ptr, out_ptr, lse_ptr,
+    N, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, eps,
+    HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """attn_res_fwd_kernel's out and lse with all N source rows of one token loaded at once
+    ([BLOCK_N, BLOCK_D], BLOCK_N >= N): every row's load is in flight together and the softmax over
+    depth is a plain one. Program pid takes tokens pid, pid + grid, ..."""
+    eps = tl.cast(eps, tl.float32)  # Inductor passes Python floats as fp64
+    pid = tl.program_id(0)
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < D
+    n = tl.arange(0, BLOCK_N)
+    n_mask = n < N
+    mask = n_mask[:, None] & d_mask[None, :]
+    u = _folded_query(q_ptr, w_ptr, d, d_mask, HAS_WEIGHT)
+    src = n.to(tl.int64)[:, None] * STRIDE_N + d[None, :]
+    for token in range(pid, T, tl.num_programs(0)):
+        t = token + tl.arange(0, 1).to(tl.int64)  # [1]: the token as a tensor, on every frontend
+        x = tl.load(v_ptr + _token_rows(t, S1, S2, ST0, ST1, ST2)[:, None] + src, mask=mask, other=0.0)
+        x = x.to(tl.float32)
+        logit, _ = _row_logit(x, u, D, eps)
+        s = tl.where(n_mask, logit, float("-inf"))
+        m = tl.max(s, axis=0)
+        p = tl.exp(s - m)
+        denom = tl.sum(p, axis=0)
+        out = tl.sum((p / denom)[:, None] * x, axis=0)
+        tl.store(out_ptr + (t * D)[:, None] + d[None, :], out[None, :].to(out_ptr.dtype.element_ty),
+                 mask=d_mask[None, :])
+        tl.store(lse_ptr + t, tl.zeros([1], tl.float32) + (m + tl.log(denom)))
+
+
+@triton.jit
 def _softmax_step(m, denom, g_out, logit, gv):
     """Online softmax over depth of the backward: running max, denominator and sum of p * <g, v>."""
     m_new = tl.maximum(m, logit)

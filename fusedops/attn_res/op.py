@@ -24,6 +24,7 @@ from .kernels import (
     attn_res_bwd_depth_tile_kernel,
     attn_res_bwd_kernel,
     attn_res_bwd_onepass_kernel,
+    attn_res_fwd_depth_tile_kernel,
     attn_res_fwd_kernel,
     attn_res_param_grad_kernel,
 )
@@ -61,6 +62,16 @@ def _walk(values: Tensor) -> tuple[int, int, int, int, int]:
     return sizes[1], sizes[2], strides[0], strides[1], strides[2]
 
 
+def forward_plan(target: Target, tokens: int, sources: int, dim: int, elem_size: int) -> Plan:
+    """The depth-tile plan when all N source rows of a token fit on chip, else the online-softmax one."""
+    # Not for a symbolic N (torch.compile with dynamic shapes): see backward_plan.
+    if isinstance(sources, int):
+        depth = depth_tile_plan(target, tokens, sources, dim, elem_size, backward=False)
+        if depth is not None:
+            return depth
+    return make_plan(target, tokens, dim, elem_size, backward=False)
+
+
 def _forward(
     values: Tensor, query: Tensor, norm_weight: Optional[Tensor], eps: float, target: Target, plan: Optional[Plan] = None
 ) -> tuple[Tensor, Tensor]:
@@ -71,12 +82,17 @@ def _forward(
     if tokens == 0:
         return out, lse
     s1, s2, st0, st1, st2 = _walk(values)
-    plan = plan or make_plan(target, tokens, dim, values.element_size(), backward=False)
+    plan = plan or forward_plan(target, tokens, n, dim, values.element_size())
+    weight = query if norm_weight is None else norm_weight
+    walk = (n, tokens, dim, s1, s2, st0, st1, st2, values.stride(0), eps)
+    if plan.block_n:
+        launch(attn_res_fwd_depth_tile_kernel, (plan.grid,), (values, query, weight, out, lse), walk,
+               dict(HAS_WEIGHT=norm_weight is not None, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d,
+                    num_warps=plan.num_warps))
+        return out, lse
     logits = out if plan.one_tile else values.new_empty((n, tokens), dtype=torch.float32)
     launch(
-        attn_res_fwd_kernel, (plan.grid,),
-        (values, query, query if norm_weight is None else norm_weight, out, lse, logits),
-        (n, tokens, dim, s1, s2, st0, st1, st2, values.stride(0), eps),
+        attn_res_fwd_kernel, (plan.grid,), (values, query, weight, out, lse, logits), walk,
         dict(HAS_WEIGHT=norm_weight is not None, ONE_TILE=plan.one_tile, UNROLL=plan.unroll,
              BLOCK_T=plan.block_t, BLOCK_D=plan.block_d, num_warps=plan.num_warps, num_stages=plan.num_stages),
     )

@@ -126,13 +126,23 @@ CUDA_DEPTH_TILE_ELEMENTS = 16384
 CUDA_DEPTH_TILE_WIDE_ROWS = 4
 CUDA_DEPTH_TILE_ELEMENTS_PER_THREAD = 128
 CUDA_DEPTH_TILE_ROW_PER_WARP = 1024
+# The forward's depth tile, H100 sweep (bench/NOTES.md, attn_res run 11; bf16, kernel alone): 1.0-1.6x
+# faster than the online-softmax forward for up to 4 rows of any width that fits and for tiles of up to
+# 8K elements (N <= 8 at D = 1024), 0.7-1.0x for larger tiles of more rows. Fastest with 128 row
+# elements per thread (more warps measured 2-5x slower at D = 1024), one program per token for tiles of
+# up to 4K elements (10-25% faster there than a persistent grid), else 4 programs per SM.
+CUDA_DEPTH_TILE_FWD_ELEMENTS = 8192
+CUDA_DEPTH_TILE_FWD_ELEMENTS_PER_THREAD = 128
+CUDA_DEPTH_TILE_FWD_PER_TOKEN_ELEMENTS = 4096
+CUDA_DEPTH_TILE_FWD_PROGRAMS_PER_CORE = 4
 
 
 @memoize
-def depth_tile_plan(target: Target, tokens: int, sources: int, dim: int, elem_size: int) -> Plan | None:
-    """The plan of attn_res_bwd_depth_tile_kernel for `sources` (N, a plain int) rows per token, or
-    None when its [next_pow2(N), next_pow2(D)] tile does not fit on chip (or, on CUDA, is a shape that
-    the one-pass kernel runs faster)."""
+def depth_tile_plan(target: Target, tokens: int, sources: int, dim: int, elem_size: int, *,
+                    backward: bool = True) -> Plan | None:
+    """The plan of attn_res_bwd_depth_tile_kernel (or, backward=False, attn_res_fwd_depth_tile_kernel)
+    for `sources` (N, a plain int) rows per token, or None when its [next_pow2(N), next_pow2(D)] tile
+    does not fit on chip (or, on CUDA, is a shape that the other kernels run faster)."""
     block_n = next_pow2(sources)
     block_d = max(next_pow2(dim), max(1, target.row_align // elem_size))
     tile = block_n * block_d
@@ -140,11 +150,19 @@ def depth_tile_plan(target: Target, tokens: int, sources: int, dim: int, elem_si
     per_element = CUDA_DEPTH_TILE_EXTRA_BYTES + elem_size if cuda else ASCEND_DEPTH_TILE_BYTES_PER_ELEMENT
     if tile * per_element > target.onchip_bytes:
         return None
-    if cuda and tile > CUDA_DEPTH_TILE_ELEMENTS and block_n > CUDA_DEPTH_TILE_WIDE_ROWS:
-        return None
     if not cuda:
         return Plan(block_t=1, block_d=block_d, one_tile=True, grid=target.grid_size(tokens, persistent=True),
                     num_warps=CUDA_NUM_WARPS, block_n=block_n)
+    largest = CUDA_DEPTH_TILE_ELEMENTS if backward else CUDA_DEPTH_TILE_FWD_ELEMENTS
+    if tile > largest and block_n > CUDA_DEPTH_TILE_WIDE_ROWS:
+        return None
+    if not backward:
+        num_warps = max(CUDA_NUM_WARPS, tile // (32 * CUDA_DEPTH_TILE_FWD_ELEMENTS_PER_THREAD))
+        if tile <= CUDA_DEPTH_TILE_FWD_PER_TOKEN_ELEMENTS:
+            grid = target.grid_size(tokens, persistent=False)
+        else:
+            grid = torch.sym_min(tokens, target.vector_cores * CUDA_DEPTH_TILE_FWD_PROGRAMS_PER_CORE)
+        return Plan(block_t=1, block_d=block_d, one_tile=True, grid=grid, num_warps=num_warps, block_n=block_n)
     per_warp = 32 * CUDA_DEPTH_TILE_ELEMENTS_PER_THREAD
     num_warps = max(CUDA_NUM_WARPS, tile // per_warp, min(CUDA_MAX_WARPS, block_d // CUDA_DEPTH_TILE_ROW_PER_WARP))
     per_core = 4 if tile <= 4096 else 2 if tile <= 16384 else 1
