@@ -53,7 +53,7 @@ class Plan:
     unroll: int = 1  # source rows loaded per depth step (2: two independent loads in flight)
     num_stages: int = 1
     one_pass: bool = False  # a plan of the one-pass backward kernel
-    block_n: int = 0  # > 0: a plan of the depth-tile backward kernel, which holds block_n >= N source rows
+    block_n: int = 0  # > 0: a plan of a depth-tile kernel (forward or backward), holding block_n >= N rows
 
 
 @memoize
@@ -111,9 +111,9 @@ def make_plan(target: Target, tokens: int, dim: int, elem_size: int, *, backward
                 one_pass=one_pass)
 
 
-# The depth-tile backward holds all N source rows of a token at once. On CUDA the fp32 rows are the
-# only full-size live tile (the gradient is computed and stored element by element), so a tile costs
-# 4 + elem_size register bytes per element; Ascend keeps every element-wise temporary in UB.
+# The depth tiles hold all N source rows of a token at once. On CUDA the fp32 rows are the only
+# full-size live tile (the backward's gradient is computed and stored element by element), so a tile
+# costs 4 + elem_size register bytes per element; Ascend keeps every element-wise temporary in UB.
 CUDA_DEPTH_TILE_EXTRA_BYTES = 4
 ASCEND_DEPTH_TILE_BYTES_PER_ELEMENT = 16
 # H100 sweep (bench/NOTES.md, attn_res run 10; bf16, whole backward): against the faster of the one-pass
