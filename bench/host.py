@@ -4,7 +4,8 @@ For a small case of each op (where the host, not the GPU, bounds the step) it pr
 per call of the public wrapper (the direct eager path), of the same call through torch.ops, and of a
 torch.compile'd call, next to the GPU time the profiler sees; then the cost of one bare Triton launch
 of each neighborhood-attention kernel, and a cProfile of the wrapper's fwd+bwd step. First, how the
-L2 flush between timed calls moves a short kernel's time (HOST_L2_ONLY=1: only that).
+L2 flush between timed calls moves a short kernel's time (HOST_L2_ONLY=1: only that). HOST_PROFILE=name:
+only the cProfile of that case's step (e.g. "attn_res N4").
 """
 
 from __future__ import annotations
@@ -163,9 +164,29 @@ def l2_flush_effect(n: int = 4, b: int = 2, t: int = 4096, d: int = 4096, reps: 
     print(f"attn_res fwd N{n} {b}x{t} D{d}, triton.testing.do_bench : {ms:.4f} ms {nbytes / ms / 1e9:.2f} TB/s")
 
 
+def profile_step(name_part: str) -> None:
+    """cProfile of 200 wrapper fwd+bwd steps of the first case whose name holds name_part."""
+    name, inputs, wrapper, _ = next(c for c in cases() if name_part in c[0])
+    step = step_of(wrapper, inputs)
+    print(f"{name}: wall {wall_ms(step):.3f} ms, GPU {gpu_time_ms(step):.3f} ms, host {host_ms(step):.3f} ms")
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(200):
+        step()
+    torch.cuda.synchronize()
+    prof.disable()
+    for key in ("tottime", "cumulative"):
+        s = io.StringIO()
+        pstats.Stats(prof, stream=s).sort_stats(key).print_stats(25)
+        print(s.getvalue())
+
+
 def main() -> None:
     if os.environ.get("HOST_L2_ONLY") == "1":
         l2_flush_effect()
+        return
+    if os.environ.get("HOST_PROFILE"):  # e.g. HOST_PROFILE="attn_res N4": that case's profile alone
+        profile_step(os.environ["HOST_PROFILE"])
         return
     l2_flush_effect()
     print(f"{'case':38s} {'path':10s} {'wall ms':>8s} {'GPU ms':>8s} {'host ms':>8s}")
