@@ -122,6 +122,9 @@ def sweep_bwd(cases=((151936, 4096, 16384), (131072, 4096, 16384), (50257, 1600,
     from fusedops.embedding import plan as emb_plan
     from fusedops.embedding.kernels import embedding_bwd_kernel
 
+    from fusedops.targets import cuda_target
+
+    target = cuda_target(torch.device("cuda"))
     ceiling = measure_ceiling(torch.device("cuda"))
     print(f"sweep_bwd copy ceiling {ceiling:.3f} TB/s")
     for v, d, tokens in cases:
@@ -139,8 +142,8 @@ def sweep_bwd(cases=((151936, 4096, 16384), (131072, 4096, 16384), (50257, 1600,
               f"{v * d * 2 / ms / 1e9:.3f} TB/s", flush=True)
         del zeros
         for dist, idx in indices.items():
-            keys, perm, offsets = emb_op._sorted_runs(idx, v)
-            ms = triton.testing.do_bench(lambda: emb_op._sorted_runs(idx, v), return_mode="median")
+            keys, perm, offsets = emb_op._sorted_runs(idx, v, target)
+            ms = triton.testing.do_bench(lambda: emb_op._sorted_runs(idx, v, target), return_mode="median")
             print(f"sweep_bwd {v},{d},{tokens} {dist} sort + offsets {ms:.4f} ms", flush=True)
             first = None
             runs = []

@@ -63,8 +63,8 @@ def main() -> None:
         show("sort packed int64 keys only", _ms(lambda: torch.sort(packed)), 1)
         p32 = packed.to(torch.int32)
         show("sort packed int32 keys only (wraps; timing only)", _ms(lambda: torch.sort(p32)), 1)
-        keys, perm, offsets = emb._sorted_runs(flat, v)
-        show("_sorted_runs (clamp, cast, sort, arange, searchsorted)", _ms(lambda: emb._sorted_runs(flat, v)), 1)
+        keys, perm, offsets = emb._sorted_runs(flat, v, target)
+        show("_sorted_runs (keys, sort, offsets)", _ms(lambda: emb._sorted_runs(flat, v, target)), 1)
         bounds = torch.arange(v + 1, dtype=torch.int32, device=dev)
         show("searchsorted alone", _ms(lambda: torch.searchsorted(keys, bounds)), 1)
 

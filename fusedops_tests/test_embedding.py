@@ -209,6 +209,31 @@ def _guarded(shape, dtype):
 
 
 @pytest.mark.parametrize("plan", ["cuda", "ascend"], ids=["cuda-plan", "ascend-plan"])
+@given(num_weights=st.sampled_from([1, 5, 300, 2**15 - 1, 2**15, 2**15 + 1]), data=st.data())
+def test_run_detection(plan, num_weights, data, request):
+    """_sorted_runs against its definition: out-of-range indices become -1 and sort first, the sort is
+    stable, offsets[v] counts the keys below v; the keys are int16 where the plan allows up to V = 2**15."""
+    if plan == "ascend":
+        request.applymarker(pytest.mark.ascend)
+    tokens = data.draw(st.integers(1, 300))
+    lo, hi = (-3, num_weights + 3) if num_weights < 100 else (-2**31, 2**31 - 1)
+    dtype = data.draw(st.sampled_from(INDEX_DTYPES))
+    flat = torch.tensor(data.draw(st.lists(st.integers(lo, hi), min_size=tokens, max_size=tokens)), dtype=dtype)
+    if num_weights >= 100:  # mostly in range, with repeats, plus a few out of range
+        flat = torch.where(torch.rand(tokens) < 0.9, flat.remainder(min(num_weights, 50)) * (num_weights // 50), flat)
+    with execution_path(plan):
+        target = cuda_target(interpreted=True) if plan == "cuda" else ascend_target(interpreted=True)
+        keys, perm, offsets = emb_op._sorted_runs(flat, num_weights, target)
+    narrow = plan == "cuda" and num_weights <= 2**15
+    assert keys.dtype == (torch.int16 if narrow else torch.int32)
+    want = torch.where((flat >= 0) & (flat < num_weights), flat.long(), -1)
+    order = torch.sort(want, stable=True)
+    assert torch.equal(keys.long(), order.values) and torch.equal(perm, order.indices)
+    bounds = torch.arange(num_weights + 1)
+    assert torch.equal(offsets, torch.searchsorted(order.values, bounds))
+
+
+@pytest.mark.parametrize("plan", ["cuda", "ascend"], ids=["cuda-plan", "ascend-plan"])
 @pytest.mark.parametrize("tiled", [False, True])
 def test_kernels_mask_out_of_range_indices(plan, tiled, request, monkeypatch):
     """With the bounds check off the kernels themselves must be safe: out-of-range rows read as zeros,
@@ -238,7 +263,7 @@ def test_kernels_mask_out_of_range_indices(plan, tiled, request, monkeypatch):
         assert torch.equal(emb_op._forward(weight, indices, target), expected)
         # Backward into a guarded grad_weight.
         grad_out = torch.randn(indices.numel(), D)
-        keys, perm, offsets = emb_op._sorted_runs(indices, V)
+        keys, perm, offsets = emb_op._sorted_runs(indices, V, target)
         gw, intact = _guarded((V, D), torch.float32)
         p = make_plan(target, V, D, 4, backward=True, tokens=indices.numel())
         embedding_bwd_kernel[(p.grid,)](
@@ -265,7 +290,7 @@ def test_backward_item_order_does_not_change_the_bits(plan, request, monkeypatch
         gen = torch.Generator().manual_seed(3)
         indices = torch.tensor([7, 4, 30, 7, 99, 7, 0])
         grad_out = torch.randn(indices.numel(), D, generator=gen)
-        keys, perm, offsets = emb_op._sorted_runs(indices, V)
+        keys, perm, offsets = emb_op._sorted_runs(indices, V, target)
         p = make_plan(target, V, D, 4, backward=True, tokens=indices.numel())
         planned = p.zeros_per_run(V, indices.numel())
         zero_tiles = -(-V // p.block_rows)

@@ -137,3 +137,35 @@ def embedding_bwd_kernel(
             empty = (first == last) | (rows == PAD)
             zeros = tl.zeros([BLOCK_R, BLOCK_D], dtype=gw_ptr.dtype.element_ty)
             tl.store(gw_ptr + rows * D + cols_z, zeros, mask=in_range & empty & (cols_z < D))
+
+
+@triton.jit
+def embedding_run_keys_kernel(idx_ptr, keys_ptr, N, V, BLOCK: tl.constexpr):
+    """keys[t] = idx[t] where 0 <= idx[t] < V, else -1, in keys' dtype: the sort keys of the backward.
+    Every out-of-range index becomes -1, so it sorts before every run and the keys fit int16 up to
+    V = 2**15."""
+    pid = tl.program_id(0)
+    for start in range(pid * BLOCK, N, tl.num_programs(0) * BLOCK):
+        t = start + tl.arange(0, BLOCK)
+        in_range = t < N
+        i = tl.load(idx_ptr + t, mask=in_range, other=0)
+        k = tl.where((i >= 0) & (i < V), i, -1)
+        tl.store(keys_ptr + t, k.to(keys_ptr.dtype.element_ty), mask=in_range)
+
+
+@triton.jit
+def embedding_run_offsets_kernel(keys_ptr, offs_ptr, N, V, LOG_N: tl.constexpr, BLOCK: tl.constexpr):
+    """offs[v] = how many of the N sorted keys are below v, for v in [0, V]: where row v's run starts
+    (and, at v + 1, stops). A branchless binary search per row in LOG_N halvings (2**LOG_N > N); the
+    steps longer than N load nothing."""
+    pid = tl.program_id(0)
+    for start in range(pid * BLOCK, V + 1, tl.num_programs(0) * BLOCK):
+        v = start + tl.arange(0, BLOCK).to(tl.int64)
+        pos = tl.zeros([BLOCK], tl.int64)
+        for b in tl.static_range(LOG_N):
+            cand = pos + (1 << (LOG_N - 1 - b))
+            ok = cand <= N
+            k = tl.load(keys_ptr + tl.where(ok, cand - 1, 0), mask=ok, other=0).to(tl.int64)
+            pos = tl.where(ok & (k < v), cand, pos)
+        tl.store(offs_ptr + v, pos, mask=v <= V)
+

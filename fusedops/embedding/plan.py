@@ -39,6 +39,24 @@ CUDA_BWD_NARROW_WARPS = 2
 CUDA_BWD_MAX_REGISTERS = 128
 
 
+# The backward's run detection: sort keys as narrow as the target's sort is known to take (CUDA: 16-bit
+# keys, which CUB sorts in 2 passes instead of 4; H100, 16K tokens: 27 us vs 41, bench/NOTES.md embedding
+# run 13), and the elements per program of its two small kernels (keys, run offsets).
+NARROW_KEY_VENDORS = ("cuda",)
+RUN_BLOCK = 1024
+OFFSETS_BLOCK = 256
+# The run offsets' binary search covers up to 2**31 - 1 tokens whatever the size (a dynamic-shape graph
+# serves every batch); its steps longer than the batch cost no loads.
+MAX_LOG_TOKENS = 31
+
+
+def run_key_dtype(target: Target, num_weights: int) -> torch.dtype:
+    """The sort keys' dtype: they hold -1 (out of range) and 0 .. V - 1."""
+    if num_weights <= 2**15 and target.vendor in NARROW_KEY_VENDORS:
+        return torch.int16
+    return torch.int32 if num_weights <= 2**31 else torch.int64
+
+
 def next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
