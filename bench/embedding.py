@@ -108,9 +108,14 @@ def sweep(cases=((151936, 4096, 16384), (32768, 768, 16384))) -> None:
 
 # Backward-kernel tile variants: (rows, features, warps, register cap); one program per work item.
 BWD_VARIANTS = [(4, 1024, 4, 128), (4, 1024, 4, None), (4, 2048, 8, None), (8, 1024, 4, None), (4, 512, 2, None)]
+# Whole-row feature blocks (block 0: next_pow2(D), the padding masked), for narrow rows: one run item per
+# token instead of one per 256-wide block.
+WHOLE_ROW_VARIANTS = [(4, 256, 2, None), (4, 0, 2, None), (4, 0, 4, None), (2, 0, 4, None), (4, 0, 8, None),
+                      (8, 0, 4, None)]
 
 
-def sweep_bwd(cases=((151936, 4096, 16384), (131072, 4096, 16384), (50257, 1600, 8192), (32768, 768, 16384))) -> None:
+def sweep_bwd(cases=((151936, 4096, 16384), (131072, 4096, 16384), (50257, 1600, 8192), (32768, 768, 16384)),
+              variants=BWD_VARIANTS) -> None:
     """Backward-kernel tile variants (tile shape, warps, register cap), kernel-only, uniform and
     Zipf(1.1) indices, each result checked bitwise against the first; every variant twice, with the
     run items first (ZEROS_PER_RUN = 0, the v5 order) and interleaved with the zero tiles (the plan's).
@@ -147,8 +152,9 @@ def sweep_bwd(cases=((151936, 4096, 16384), (131072, 4096, 16384), (50257, 1600,
             print(f"sweep_bwd {v},{d},{tokens} {dist} sort + offsets {ms:.4f} ms", flush=True)
             first = None
             runs = []
-            for rows, block_d, warps, maxnreg in BWD_VARIANTS:
-                block_d = emb_plan._block_d(d, 8, block_d)  # the plan's padding rule (D = 768: 256 wide)
+            for rows, block_d, warps, maxnreg in variants:
+                # the plan's padding rule (D = 768: 256 wide), or the whole row
+                block_d = emb_plan._block_d(d, 8, block_d) if block_d else emb_plan.next_pow2(d)
                 plan = emb_plan.Plan(rows, block_d, 0, warps)
                 grid = plan.tiles(v, d) + tokens * -(-d // block_d)
                 for mix in (0, plan.zeros_per_run(v, tokens)):
