@@ -32,7 +32,7 @@ from fusedops.targets import CUDA_ONCHIP_BYTES, Target
 H100 = Target(vendor="cuda", vector_cores=132, matrix_cores=132, onchip_bytes=CUDA_ONCHIP_BYTES,
               max_grid=2**31 - 1, row_align=16, resident=4, persistent=False)
 POINTER = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int64: "*i64",
-           torch.int32: "*i32"}
+           torch.int32: "*i32", torch.int16: "*i16"}
 
 launches: list = []
 
