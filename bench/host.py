@@ -208,18 +208,7 @@ def main() -> None:
         torch._dynamo.reset()
     launch_costs()
     embedding_backward_pieces()
-    name, inputs, wrapper, _ = next(cases())
-    step = step_of(wrapper, inputs)
-    wall_ms(step)
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(200):
-        step()
-    torch.cuda.synchronize()
-    prof.disable()
-    s = io.StringIO()
-    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(18)
-    print(s.getvalue())
+    profile_step(next(cases())[0])
 
 
 if __name__ == "__main__":
