@@ -60,6 +60,34 @@ def _time(label, fn, nbytes, ceiling, planner):
     return ms
 
 
+def _depth_inputs(n: int, dim: int, dev) -> tuple:
+    """(tokens, values, query, weight) of a depth-tile sweep case: bf16 values, fp32 parameters."""
+    tokens = max(8192, 2**25 // dim)
+    values = torch.randn(n, tokens, dim, device=dev, dtype=torch.bfloat16)
+    return tokens, values, torch.randn(dim, device=dev) * 0.05, torch.rand(dim, device=dev) + 0.5
+
+
+def _sweep_depth_configs(case, base, n, dim, tokens, target, configs, max_per_thread, run, ref, nbytes, ceiling):
+    """Times run(plan) for each (warps, programs per SM; 0: one program per token) of configs on the depth
+    tile of `base`, or, where the planner declined (base None), on the tile it would have had: its cut-off
+    is a measurement too. Returns (best ms, its config, the planned config's ms or nan)."""
+    swept = base or Plan(block_t=1, block_d=next_pow2(dim), one_tile=True, grid=0, num_warps=0, block_n=next_pow2(n))
+    best, planned = (float("inf"), None), float("nan")
+    for warps, per_sm in configs:
+        if swept.block_n * swept.block_d > warps * 32 * max_per_thread:
+            continue
+        grid = tokens if per_sm == 0 else min(tokens, per_sm * target.vector_cores)
+        plan = dataclasses.replace(swept, num_warps=warps, grid=grid)
+        err = max(((a.float() - b.float()).norm() / b.float().norm()).item() for a, b in zip(run(plan), ref))
+        same = (warps, grid) == (swept.num_warps, swept.grid)
+        label = f"w{warps} {'1/token' if per_sm == 0 else f'{per_sm}/SM'}"
+        ms = _time(f"depth-tile {case} {label} err {err:.1e}", lambda: run(plan), nbytes, ceiling, same)
+        best = min(best, (ms, label), key=lambda b: b[0])
+        if same:
+            planned = ms
+    return best[0], best[1], planned
+
+
 def sweep_depth_tile() -> None:
     """Whole backward (kernel + partial-sum reduction), bf16 values, fp32 parameters, every gradient."""
     dev = torch.device("cuda")
@@ -68,9 +96,7 @@ def sweep_depth_tile() -> None:
     print(f"copy ceiling {ceiling:.2f} TB/s")
     table = []
     for n, dim in DEPTH_CASES:
-        tokens = max(8192, 2**25 // dim)
-        v = torch.randn(n, tokens, dim, device=dev, dtype=torch.bfloat16)
-        q, w = torch.randn(dim, device=dev) * 0.05, torch.rand(dim, device=dev) + 0.5
+        tokens, v, q, w = _depth_inputs(n, dim, dev)
         g = torch.randn(tokens, dim, device=dev, dtype=torch.bfloat16)
         nbytes, case = (2 * n + 1) * tokens * dim * 2, f"N{n} T{tokens} D{dim}"
         out, lse = _forward(v, q, w, 1e-6, target)
@@ -81,25 +107,10 @@ def sweep_depth_tile() -> None:
                                                              None, one), nbytes, ceiling, False)
         t_two = _time(f"two-phase {case}", lambda: _backward(g, v, q, w, 1e-6, True, True, True, target, plan=two),
                       nbytes, ceiling, False)
-        base = depth_tile_plan(target, tokens, n, dim, 2)
-        # Shapes the planner declines are timed too (its cut-off is a measurement): its own kernel
-        # settings, with the tile it would have had.
-        swept = base or Plan(block_t=1, block_d=next_pow2(dim), one_tile=True, grid=0, num_warps=0,
-                             block_n=next_pow2(n))
-        best, planned = (float("inf"), None), float("nan")
-        for warps, per_sm in DEPTH_CONFIGS:
-            if swept.block_n * swept.block_d > warps * 32 * 256:
-                continue
-            plan = dataclasses.replace(swept, num_warps=warps, grid=min(tokens, per_sm * target.vector_cores))
-            got = _backward(g, v, q, w, 1e-6, True, True, True, target, plan=plan)
-            err = max(((a.float() - b.float()).norm() / b.float().norm()).item() for a, b in zip(got, ref))
-            same = (warps, plan.grid) == (swept.num_warps, swept.grid)
-            ms = _time(f"depth-tile {case} w{warps} {per_sm}/SM err {err:.1e}",
-                       lambda: _backward(g, v, q, w, 1e-6, True, True, True, target, plan=plan), nbytes, ceiling, same)
-            best = min(best, (ms, f"w{warps} {per_sm}/SM"), key=lambda b: b[0])
-            if same:
-                planned = ms
-        table.append((case, t_one, t_two, best[0], best[1], planned))
+        best = _sweep_depth_configs(
+            case, depth_tile_plan(target, tokens, n, dim, 2), n, dim, tokens, target, DEPTH_CONFIGS, 256,
+            lambda plan: _backward(g, v, q, w, 1e-6, True, True, True, target, plan=plan), ref, nbytes, ceiling)
+        table.append((case, t_one, t_two, *best))
         del v, g, out
         torch.cuda.empty_cache()
     print("\ncase | one-pass ms | two-phase ms | best depth-tile ms (config) | planned depth-tile ms (nan: not"
@@ -117,32 +128,15 @@ def sweep_depth_tile_forward() -> None:
     print(f"copy ceiling {ceiling:.2f} TB/s")
     table = []
     for n, dim in DEPTH_CASES:
-        tokens = max(8192, 2**25 // dim)
-        v = torch.randn(n, tokens, dim, device=dev, dtype=torch.bfloat16)
-        q, w = torch.randn(dim, device=dev) * 0.05, torch.rand(dim, device=dev) + 0.5
+        tokens, v, q, w = _depth_inputs(n, dim, dev)
         nbytes, case = (n + 1) * tokens * dim * 2, f"N{n} T{tokens} D{dim}"
         online = make_plan(target, tokens, dim, 2, backward=False)
         ref = _forward(v, q, w, 1e-6, target, online)
         t_online = _time(f"online {case}", lambda: _forward(v, q, w, 1e-6, target, online), nbytes, ceiling, False)
-        base = depth_tile_plan(target, tokens, n, dim, 2, backward=False)
-        swept = base or Plan(block_t=1, block_d=next_pow2(dim), one_tile=True, grid=0, num_warps=0,
-                             block_n=next_pow2(n))
-        best, planned = (float("inf"), None), float("nan")
-        for warps, per_sm in DEPTH_FWD_CONFIGS:
-            if swept.block_n * swept.block_d > warps * 32 * 128:
-                continue
-            grid = tokens if per_sm == 0 else min(tokens, per_sm * target.vector_cores)
-            plan = dataclasses.replace(swept, num_warps=warps, grid=grid)
-            got = _forward(v, q, w, 1e-6, target, plan)
-            err = max(((a.float() - b.float()).norm() / b.float().norm()).item() for a, b in zip(got, ref))
-            same = (warps, plan.grid) == (swept.num_warps, swept.grid)
-            label = f"w{warps} {'1/token' if per_sm == 0 else f'{per_sm}/SM'}"
-            ms = _time(f"depth-tile {case} {label} err {err:.1e}", lambda: _forward(v, q, w, 1e-6, target, plan),
-                       nbytes, ceiling, same)
-            best = min(best, (ms, label), key=lambda b: b[0])
-            if same:
-                planned = ms
-        table.append((case, t_online, best[0], best[1], planned, nbytes))
+        best = _sweep_depth_configs(
+            case, depth_tile_plan(target, tokens, n, dim, 2, backward=False), n, dim, tokens, target,
+            DEPTH_FWD_CONFIGS, 128, lambda plan: _forward(v, q, w, 1e-6, target, plan), ref, nbytes, ceiling)
+        table.append((case, t_online, *best, nbytes))
         del v
         torch.cuda.empty_cache()
     print("\ncase | online ms (% copy) | best depth-tile ms (config, % copy) | planned depth-tile ms | online/best")
