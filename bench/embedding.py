@@ -126,7 +126,6 @@ def sweep_bwd(cases=((151936, 4096, 16384), (131072, 4096, 16384), (50257, 1600,
     from fusedops.embedding import op as emb_op
     from fusedops.embedding import plan as emb_plan
     from fusedops.embedding.kernels import embedding_bwd_kernel
-
     from fusedops.targets import cuda_target
 
     target = cuda_target(torch.device("cuda"))

@@ -4,8 +4,9 @@
 # numbers. Baseline wheels in .whl/ (liger-kernel, fla-core, einops) are installed to /tmp/site first.
 #   STEPS="host tune tests bench" OPS="attn_res embedding" TEST_S=200 BENCH_S=330 bash bench/gpu_check.sh
 # STEPS (default "tests bench"): host = bench.host (host overhead vs GPU time), tune = bench.tune_attn_res
-# (attn_res plan sweep), depthtune / depthfwd = the attn_res depth-tile backward / forward sweeps, embtune = embedding backward-kernel variants, natune =
-# bench.tune_neighborhood_attention, breakdown = bench.breakdown (device time per kernel of a fwd+bwd step),
+# (attn_res plan sweep), depthtune / depthfwd = the attn_res depth-tile backward / forward sweeps,
+# embtune = embedding backward-kernel variants, natune = bench.tune_neighborhood_attention,
+# breakdown = bench.breakdown (device time per kernel of a fwd+bwd step),
 # tests = the GPU tests, lm = the example model, bench = python -m bench.
 set -u
 cd "$(dirname "$0")/.."

@@ -54,6 +54,14 @@ def main() -> None:
         {"depth": sweep_depth_tile, "depth-fwd": sweep_depth_tile_forward}.get(" ".join(sys.argv[1:]), sweep)()
 
 
+def _cuda_setup() -> tuple:
+    """(device, its target, the copy ceiling in TB/s measured now, also printed) for a sweep."""
+    dev = torch.device("cuda")
+    ceiling = measure_ceiling(dev)
+    print(f"copy ceiling {ceiling:.2f} TB/s")
+    return dev, cuda_target(dev), ceiling
+
+
 def _time(label, fn, nbytes, ceiling, planner):
     ms = triton.testing.do_bench(fn, return_mode="median")
     print(f"{label}: {ms:.3f} ms {100 * nbytes / ms / 1e9 / ceiling:.0f}%{' (planner)' if planner else ''}", flush=True)
@@ -90,10 +98,7 @@ def _sweep_depth_configs(case, base, n, dim, tokens, target, configs, max_per_th
 
 def sweep_depth_tile() -> None:
     """Whole backward (kernel + partial-sum reduction), bf16 values, fp32 parameters, every gradient."""
-    dev = torch.device("cuda")
-    target = cuda_target(dev)
-    ceiling = measure_ceiling(dev)
-    print(f"copy ceiling {ceiling:.2f} TB/s")
+    dev, target, ceiling = _cuda_setup()
     table = []
     for n, dim in DEPTH_CASES:
         tokens, v, q, w = _depth_inputs(n, dim, dev)
@@ -122,10 +127,7 @@ def sweep_depth_tile() -> None:
 
 def sweep_depth_tile_forward() -> None:
     """Forward kernel alone, bf16 values, fp32 query/weight: the online-softmax plan against the depth tile."""
-    dev = torch.device("cuda")
-    target = cuda_target(dev)
-    ceiling = measure_ceiling(dev)
-    print(f"copy ceiling {ceiling:.2f} TB/s")
+    dev, target, ceiling = _cuda_setup()
     table = []
     for n, dim in DEPTH_CASES:
         tokens, v, q, w = _depth_inputs(n, dim, dev)
@@ -147,10 +149,7 @@ def sweep_depth_tile_forward() -> None:
 
 
 def sweep() -> None:
-    dev = torch.device("cuda")
-    target = cuda_target(dev)
-    ceiling = measure_ceiling(dev)
-    print(f"copy ceiling {ceiling:.2f} TB/s")
+    dev, target, ceiling = _cuda_setup()
     sms = target.vector_cores
     for n, tokens, dim in CASES:
         v = torch.randn(n, tokens, dim, device=dev, dtype=torch.bfloat16)
