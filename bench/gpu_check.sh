@@ -4,7 +4,8 @@
 # numbers. Baseline wheels in .whl/ (liger-kernel, fla-core, einops) are installed to /tmp/site first.
 #   STEPS="host tune tests bench" OPS="attn_res embedding" TEST_S=200 BENCH_S=330 bash bench/gpu_check.sh
 # STEPS (default "tests bench"): host = bench.host (host overhead vs GPU time), tune = bench.tune_attn_res
-# (attn_res plan sweep), depthtune / depthfwd = the attn_res depth-tile backward / forward sweeps,
+# (attn_res plan sweep), depthtune / depthfwd = the attn_res depth-tile backward / forward sweeps, stashtune =
+# the attn_res backward with its partial sums stashed in grad_values or in their own buffer,
 # embtune = embedding backward-kernel variants, natune = bench.tune_neighborhood_attention,
 # breakdown = bench.breakdown (device time per kernel of a fwd+bwd step),
 # tests = the GPU tests, lm = the example model, bench = python -m bench.
@@ -29,6 +30,9 @@ for step in ${STEPS:-tests bench}; do
     depthtune)
       timeout "${TUNE_S:-150}" python3 -m bench.tune_attn_res depth > "$OUT/depthtune.txt" 2>&1
       echo "depthtune (exit $?):"; sed -n '/^case |/,$p' "$OUT/depthtune.txt" ;;
+    stashtune)
+      timeout "${TUNE_S:-150}" python3 -m bench.tune_attn_res stash > "$OUT/stashtune.txt" 2>&1
+      echo "stashtune (exit $?):"; sed -n '/^case |/,$p' "$OUT/stashtune.txt" ;;
     depthfwd)
       timeout "${TUNE_S:-150}" python3 -m bench.tune_attn_res depth-fwd > "$OUT/depthfwd.txt" 2>&1
       echo "depthfwd (exit $?):"; sed -n '/^case |/,$p' "$OUT/depthfwd.txt" ;;

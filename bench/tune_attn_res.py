@@ -6,7 +6,9 @@ committed), each configuration is also timed with that version's kernel in the s
 Usage: python -m bench.tune_attn_res   (TUNE_FORWARD=0 / TUNE_BACKWARD=0 skip a direction)
        python -m bench.tune_attn_res depth   (the depth-tile backward's configs against the one-pass and
                                               two-phase plans, every (N, D) whose tile fits 32K elements)
-       python -m bench.tune_attn_res depth-fwd   (the depth-tile forward's configs against the online one)"""
+       python -m bench.tune_attn_res depth-fwd   (the depth-tile forward's configs against the online one)
+       python -m bench.tune_attn_res stash   (the whole backward with the partial sums stashed in grad_values
+                                              against their own buffer: time and peak memory)"""
 
 from __future__ import annotations
 
@@ -51,7 +53,8 @@ def main() -> None:
     # Outside a triton_op body wrap_triton dispatches through a higher-order op (~1 ms of host time per
     # launch); the op itself launches directly, and so must the sweep.
     with set_wrap_triton_enabled(False):
-        {"depth": sweep_depth_tile, "depth-fwd": sweep_depth_tile_forward}.get(" ".join(sys.argv[1:]), sweep)()
+        sweeps = {"depth": sweep_depth_tile, "depth-fwd": sweep_depth_tile_forward, "stash": sweep_stash}
+        sweeps.get(" ".join(sys.argv[1:]), sweep)()
 
 
 def _cuda_setup() -> tuple:
@@ -146,6 +149,52 @@ def sweep_depth_tile_forward() -> None:
         pct = lambda ms: 100 * nb / ms / 1e9 / ceiling  # noqa: E731
         print(f"{case} | {t_on:.4f} ({pct(t_on):.1f}%) | {t_best:.4f} ({cfg}, {pct(t_best):.1f}%) | {t_plan:.4f} | "
               f"{t_on / t_best:.2f}x")
+
+
+def sweep_stash() -> None:
+    """The planned backward (kernel + reduction, every gradient, bf16 values, fp32 parameters, the forward's
+    out and lse) on the benchmark's cases, with the partial sums stashed in grad_values and in their own
+    [programs, D] buffer, alternating twice; peak memory above the inputs and the forward's outputs."""
+    from bench.attn_res import CASES as BENCH_CASES
+
+    dev, target, ceiling = _cuda_setup()
+    table = []
+    for n, b, t, dim in BENCH_CASES:
+        tokens, case = b * t, f"N{n} B{b} T{t} D{dim}"
+        v = torch.randn(n, b, t, dim, device=dev, dtype=torch.bfloat16)
+        q, w = torch.randn(dim, device=dev) * 0.05, torch.rand(dim, device=dev) + 0.5
+        g = torch.randn(b, t, dim, device=dev, dtype=torch.bfloat16)
+        out, lse = _forward(v, q, w, 1e-6, target)
+        nbytes = (2 * n + 1) * tokens * dim * 2
+
+        def run():
+            return _backward(g, v, q, w, 1e-6, True, True, True, target, out, lse)
+
+        results, times, peaks = {}, {"stash": [], "buffer": []}, {}
+        for _ in range(2):
+            for name in times:
+                with contextlib.ExitStack() as stack:
+                    if name == "buffer":
+                        stack.enter_context(_patched(stash_rows=lambda *args: 0))
+                    results[name] = run()
+                    torch.cuda.synchronize()
+                    base = torch.cuda.memory_allocated()
+                    torch.cuda.reset_peak_memory_stats()
+                    grads = run()
+                    torch.cuda.synchronize()
+                    peaks[name] = (torch.cuda.max_memory_allocated() - base) / 2**20
+                    del grads
+                    times[name].append(_time(f"{name} {case}", run, nbytes, ceiling, name == "stash"))
+        same = torch.equal(results["stash"][0], results["buffer"][0])
+        err = max(((a - b).float().norm() / b.float().norm()).item() for a, b in zip(results["stash"][1:],
+                                                                                   results["buffer"][1:]))
+        table.append((case, min(times["stash"]), min(times["buffer"]), peaks["stash"], peaks["buffer"], same, err))
+        del v, g, out, results
+        torch.cuda.empty_cache()
+    print("\ncase | stash ms | own buffer ms | stash/buffer | peak MB stash | peak MB buffer | grad_values equal |"
+          " dq/dw rel diff")
+    for case, ts, tb, ps, pb, same, err in table:
+        print(f"{case} | {ts:.4f} | {tb:.4f} | {ts / tb:.3f} | {ps:.1f} | {pb:.1f} | {same} | {err:.1e}")
 
 
 def sweep() -> None:

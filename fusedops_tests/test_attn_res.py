@@ -4,6 +4,7 @@ under the Triton interpreter (CPU CI), and on real kernels when a GPU is present
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from unittest import mock
 
@@ -15,6 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import fusedops
 from fusedops.attn_res.plan import make_plan
+from fusedops.launch import launch
 from fusedops.targets import cuda_target
 
 from .helpers import (
@@ -406,6 +408,71 @@ def test_backward_is_bitwise_deterministic(path, onchip_bytes, one_pass, kernels
         assert torch.equal(a, b)
 
 
+STASH_BUDGET = 4096  # bytes: several programs of two tokens each on both plans (one token each past D 64)
+
+
+@contextlib.contextmanager
+def stash_off():
+    with mock.patch("fusedops.attn_res.op.stash_rows", lambda *args: 0):
+        yield
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+@pytest.mark.parametrize("kernels", KERNEL_CHOICES)
+@pytest.mark.parametrize(("dtype", "n", "dim", "scale"), [
+    (torch.bfloat16, 2, 64, 1.0), (torch.bfloat16, 9, 96, 40.0), (torch.float16, 5, 32, 1.0),
+    (torch.float32, 1, 48, 1.0), (torch.float32, 6, 40, 40.0)])
+def test_partial_sums_are_stashed_in_grad_values(path, kernels, dtype, n, dim, scale):
+    """The kernels that write each program's partial-sum row once put it in grad_values (over rows of
+    the program's first token, rewritten by the reduction) instead of a [programs, D] fp32 buffer: the
+    gradients are those of the separate buffer (grad_values bitwise; the reduction's blocking differs),
+    across several programs of several tokens, and with rows that dominate the softmax (scale: the one-pass
+    kernel defers them)."""
+    gen = torch.Generator().manual_seed(11)
+    values = (torch.randn(n, 3, 11, dim, generator=gen) * 2).to(dtype)[:, :, 1:]  # strided batch dims
+    query = scale * torch.randn(dim, generator=gen) / dim**0.5
+    weight, grad_out = torch.rand(dim, generator=gen) + 0.5, torch.randn(3, 10, dim, generator=gen).to(dtype)
+    launches = []
+
+    def record(kernel, grid, tensors, scalars, meta):
+        launches.append((kernel.fn.__name__, grid, [tuple(t.shape) for t in tensors], meta))
+        return launch(kernel, grid, tensors, scalars, meta)
+
+    with execution_path(path, STASH_BUDGET), kernel_choice(kernels):
+        out, lse = torch.ops.fusedops.attn_res_with_lse(values, query, weight, 1e-6)
+        with mock.patch("fusedops.attn_res.op.launch", record):
+            stashed = torch.ops.fusedops.attn_res_backward(grad_out, values, query, weight, 1e-6, True, True, True,
+                                                          out, lse)
+        with stash_off():
+            own = torch.ops.fusedops.attn_res_backward(grad_out, values, query, weight, 1e-6, True, True, True,
+                                                      out, lse)
+    assert torch.equal(stashed[0], own[0])
+    for a, b in zip(stashed[1:], own[1:]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6 * b.abs().max().item())
+    (_, (programs,), shapes, meta), (reduction, _, reduced, _) = launches
+    # the backward kernel wrote the scalars of 4 / element-size rows per program, over several programs
+    assert meta["STASH"] == 4 // values.element_size() and programs > 1, launches
+    assert reduction == "attn_res_param_grad_kernel" and reduced[0] == (programs, meta["STASH"], 3), launches
+
+
+@pytest.mark.parametrize(("vendor", "n", "dim", "elem", "rows"), [
+    ("cuda", 8, 4096, 2, 2), ("cuda", 64, 7168, 2, 2), ("cuda", 2, 8192, 2, 2), ("cuda", 1, 4096, 2, 0),
+    ("cuda", 1, 4096, 4, 1), ("cuda", 4, 123, 4, 1), ("cuda", 4, 300, 2, 0), ("cuda", 4, 123, 2, 0),
+    ("cuda", 4, 4096, 8, 0), ("ascend", 8, 4096, 2, 2), ("ascend", 8, 8, 2, 0), ("ascend", 8, 48, 2, 2)])
+def test_stash_rows_plan(vendor, n, dim, elem, rows):
+    """Two 16-bit rows (or one fp32 row) hold a program's D fp32 partial sums; 16-bit rows need a reduction
+    block that divides D and spans a whole aligned row segment; N = 1 has a single 16-bit row."""
+    from fusedops.attn_res.plan import reduce_plan, stash_rows
+    from fusedops.targets import ascend_target
+
+    target = cuda_target(interpreted=True) if vendor == "cuda" else ascend_target(interpreted=True)
+    target = dataclasses.replace(target, interpreted=False)  # the device's plan, not the interpreter's
+    assert stash_rows(target, n, dim, elem) == rows
+    if rows == 2:
+        block_d = reduce_plan(target, dim, 264, rows)[0]
+        assert dim % block_d == 0 and block_d % 2 == 0 and block_d * elem >= target.row_align
+
+
 def opcheck_samples():
     gen = torch.Generator().manual_seed(4)
     for shape, dtype, weight in [((3, 2, 5, 16), torch.float32, True), ((1, 9), torch.float32, False),
@@ -640,6 +707,30 @@ def test_gpu_real_sizes(n, dim):
     assert_grads_close(grads, ref_grads, values, query, weight, 1e-6, grad_out)
     again = run_op(values, query, weight, 1e-6, grad_out)[1]
     assert all(torch.equal(a, b) for a, b in zip(grads, again))
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize(("n", "dim"), [(8, 4096), (4, 4096), (8, 8192), (2, 16384)])
+def test_gpu_step_peak_memory_is_under_ligers(n, dim):
+    """A fwd+bwd step allocates out, lse, grad_values, the parameter gradients and O(programs) scalars: the
+    partial sums are stashed in grad_values, so nothing else of size D x programs. Liger-Kernel's step
+    holds out, grad_values, its saved alpha and rstd (2 x N x tokens fp32) and two fp32 parameter gradients:
+    ours must stay under that."""
+    tokens = 4096
+    torch.manual_seed(n)
+    values = torch.randn(n, tokens, dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    query = (0.05 * torch.randn(dim, device="cuda")).requires_grad_()
+    weight = (torch.rand(dim, device="cuda") + 0.5).requires_grad_()
+    grad_out = torch.randn(tokens, dim, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    grads = torch.autograd.grad(fusedops.attn_res(values, query, weight), (values, query, weight), grad_out)
+    torch.cuda.synchronize()
+    above = torch.cuda.max_memory_allocated() - base - (n + 1) * tokens * dim * 2  # out and grad_values
+    assert above <= 2 * n * tokens * 4 + 2 * dim * 4, above
+    assert torch.isfinite(grads[1]).all() and grads[1].abs().sum() > 0
 
 
 @gpu

@@ -168,14 +168,58 @@ def _softmax_step(m, denom, g_out, logit, gv):
 
 
 @triton.jit
+def _row_grad(alpha, coef, k, x, g, u):
+    """dL/dv_i = alpha_i g + coef_i (u - k_i v_i), with coef_i = ds_i rstd_i and k_i = s_i rstd_i / D."""
+    return alpha[:, None] * g + coef[:, None] * (u[None, :] - k[:, None] * x)
+
+
+@triton.jit
 def _grad_row(x, g, u, logit, rstd, gv, lse, g_out, D):
-    """(dL/dv_i, ds_i * rstd_i) of one source row. lse >= every logit, so the clamp changes nothing
-    for a real row; a masked-off row (logit 0, rstd 0) then weighs at most 1 instead of overflowing
-    exp(0 - lse) to inf when every logit is below -88, which would turn its zero terms into NaN."""
+    """(dL/dv_i, coef_i = ds_i * rstd_i, alpha_i, k_i) of one source row (see _row_grad). lse >= every
+    logit, so the clamp changes nothing for a real row; a masked-off row (logit 0, rstd 0) then weighs
+    at most 1 instead of overflowing exp(0 - lse) to inf when every logit is below -88, which would turn
+    its zero terms into NaN."""
     alpha = tl.exp(tl.minimum(logit - lse, 0.0))
     coef = alpha * (gv - g_out) * rstd
-    dx = alpha[:, None] * g + coef[:, None] * (u[None, :] - (logit * rstd / D)[:, None] * x)
-    return dx, coef
+    k = logit * rstd / D
+    return _row_grad(alpha, coef, k, x, g, u), coef, alpha, k
+
+
+@triton.jit
+def _stash_offsets(t0, d, D, DV_STEP, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    """fp32 offsets from grad_values' start where the program whose first token is t0 stashes its
+    partial sums of features d: in source rows 0..ROWS-1 of that token (ROWS = 4 / element size), laid
+    out so that the reduction's program for features [c * BLOCK, (c + 1) * BLOCK) finds them in exactly
+    those columns of those rows, which it then rewrites with their gradients."""
+    if ROWS == 1:
+        return t0 * D + d
+    half: tl.constexpr = BLOCK // 2
+    return ((d // half) % 2 * DV_STEP + t0 * D) // 2 + (d // BLOCK) * half + d % half
+
+
+@triton.jit
+def _keep_row_scalars(stats_ptr, pid, row, ok, alpha, coef, k, ROWS: tl.constexpr):
+    """Where `ok`, keep the scalars (alpha, coef, k) of source row `row` of the program's first token in
+    `stats_ptr` ([programs, ROWS, 3] fp32) if that row will hold the stash: the reduction rewrites it."""
+    ok = ok & (row < ROWS)
+    at = stats_ptr + pid * (3 * ROWS) + row * 3
+    tl.store(at, alpha, mask=ok)
+    tl.store(at + 1, coef, mask=ok)
+    tl.store(at + 2, k, mask=ok)
+
+
+@triton.jit
+def _store_partial(partial_ptr, dv_ptr, du, pid, t0, d, d_mask, D, DV_STEP,
+                   STASH: tl.constexpr, STASH_BLOCK: tl.constexpr):
+    """The program's fp32 partial sums of the query/weight gradient: its row of partial_ptr ([programs,
+    D]), or with STASH > 0 its stash in grad_values (see _stash_offsets), once every thread's stores to
+    those rows have landed."""
+    if STASH > 0:
+        tl.debug_barrier()
+        stash = dv_ptr.to(tl.pointer_type(tl.float32), bitcast=True)
+        tl.store(stash + _stash_offsets(t0, d, D, DV_STEP, STASH, STASH_BLOCK), du, mask=d_mask)
+    else:
+        tl.store(partial_ptr + pid * D + d, du, mask=d_mask)
 
 
 @triton.jit
@@ -260,13 +304,13 @@ def attn_res_bwd_kernel(
                     logit_prev = tl.load(sptrs - T, mask=prev_mask, other=0.0)
                     rstd_prev = tl.load(sptrs - T + STAT_PLANE, mask=prev_mask, other=0.0)
                     gv_prev = tl.load(sptrs - T + 2 * STAT_PLANE, mask=prev_mask, other=0.0)
-                dx, coef = _grad_row(x, g, u, logit, rstd, gv, lse, g_out, D)
+                dx, coef, _, _ = _grad_row(x, g, u, logit, rstd, gv, lse, g_out, D)
                 if NEED_DV:
                     tl.store(dptrs, dx.to(dv_ptr.dtype.element_ty), mask=mask)
                 if NEED_DU:
                     du += tl.sum(coef[:, None] * x, axis=0)
                 if UNROLL == 2:
-                    dx, coef = _grad_row(x_prev, g, u, logit_prev, rstd_prev, gv_prev, lse, g_out, D)
+                    dx, coef, _, _ = _grad_row(x_prev, g, u, logit_prev, rstd_prev, gv_prev, lse, g_out, D)
                     if NEED_DV:
                         tl.store(dptrs - DV_STEP, dx.to(dv_ptr.dtype.element_ty), mask=mask & has_prev)
                     if NEED_DU:
@@ -320,7 +364,7 @@ def attn_res_bwd_kernel(
                     rstd = tl.load(sptrs + STAT_PLANE, mask=t_mask, other=0.0)
                     gv = tl.load(sptrs + 2 * STAT_PLANE, mask=t_mask, other=0.0)
                     x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
-                    dx, coef = _grad_row(x, g, u, logit, rstd, gv, lse, g_out, D)
+                    dx, coef, _, _ = _grad_row(x, g, u, logit, rstd, gv, lse, g_out, D)
                     if NEED_DV:
                         tl.store(dptrs, dx.to(dv_ptr.dtype.element_ty), mask=mask)
                     if NEED_DU:
@@ -345,11 +389,11 @@ def _one_pass_row(x, row_ok, i, g, u, lse, g_out, D, eps, count, slot_i, slot_s,
     """One source row of the one-pass backward: its gradient against the rounded <g, out>, its term of
     the exact <g, out>, and, for a heavy row (alpha_i >= DEFER_ALPHA), its statistics kept in a free
     slot instead (coef 0, `written` False: the caller stores nothing for it). `early` = alpha_i rstd_i for
-    a row written now (0 otherwise): the query gradient adds (<g, out>~ - <g, out>) early_i v_i later."""
+    a row written now (0 otherwise): the query gradient adds (<g, out>~ - <g, out>) early_i v_i later.
+    alpha_i and k_i (see _row_grad) come last."""
     logit, rstd = _row_logit(x, u, D, eps)
     gv = tl.sum(x * g, axis=1)
-    dx, coef = _grad_row(x, g, u, logit, rstd, gv, lse, g_out, D)
-    alpha = tl.exp(tl.minimum(logit - lse, 0.0))
+    dx, coef, alpha, k = _grad_row(x, g, u, logit, rstd, gv, lse, g_out, D)
     g_out_exact += tl.where(row_ok, alpha * gv, 0.0)
     # `written` is spelled out rather than row_ok & ~defer: triton-ascend 3.2's interpreter cannot invert
     # (or combine with a constexpr) a boolean tensor.
@@ -366,7 +410,8 @@ def _one_pass_row(x, row_ok, i, g, u, lse, g_out, D, eps, count, slot_i, slot_s,
     slot_gv = tl.where(hit, gv[:, None], slot_gv)
     count += defer.to(tl.int32)
     early = tl.where(written, alpha * rstd, 0.0)
-    return dx, tl.where(written, coef, 0.0), written, early, count, slot_i, slot_s, slot_r, slot_gv, g_out_exact
+    return (dx, tl.where(written, coef, 0.0), written, early, count, slot_i, slot_s, slot_r, slot_gv, g_out_exact,
+            alpha, k)
 
 
 @triton.jit
@@ -383,6 +428,7 @@ def attn_res_bwd_onepass_kernel(
     N, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, DV_STEP, eps,
     HAS_WEIGHT: tl.constexpr, HAS_DLSE: tl.constexpr, NEED_DV: tl.constexpr, NEED_DU: tl.constexpr,
     DEFER: tl.constexpr, UNROLL: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+    STASH: tl.constexpr, STASH_BLOCK: tl.constexpr,
 ):
     """Gradients of attn_res in one pass over values, given the forward's out and lse.
 
@@ -399,7 +445,9 @@ def attn_res_bwd_onepass_kernel(
     error of the rounded <g, out> once it is known. Without that, the softmax
     gradients would no longer sum to zero and a query gradient that cancels would lose all precision.
     Each persistent program sums ds_i rstd_i v_i over its tokens in registers and writes its row of
-    `partial_ptr` ([programs, D] fp32) once at the end, zeros if it had no token.
+    `partial_ptr` ([programs, D] fp32) once at the end, zeros if it had no token. STASH > 0: that row goes
+    to grad_values instead (_store_partial; every program has a token) and partial_ptr keeps the scalars
+    of the rows it overwrites.
     """
     eps = tl.cast(eps, tl.float32)  # Inductor passes Python floats as fp64
     pid = tl.program_id(0)
@@ -435,29 +483,36 @@ def attn_res_bwd_onepass_kernel(
         early_sum = tl.zeros([BLOCK_T, BLOCK_D], tl.float16)
         src = row0
         dst = t * D
+        first = t == pid * BLOCK_T  # the program's first token, where the stash goes
         # UNROLL == 2 keeps two independent rows in flight: the loop is latency-bound otherwise.
         for i in range(0, N, UNROLL):
             x = tl.load(v_ptr + src[:, None] + d[None, :], mask=mask, other=0.0).to(tl.float32)
             if UNROLL == 2:
                 has_next = i + 1 < N
                 x_next = tl.load(v_ptr + (src + STRIDE_N)[:, None] + d[None, :], mask=mask & has_next, other=0.0)
-            dx, coef, written, early, count, slot_i, slot_s, slot_r, slot_gv, g_out_exact = _one_pass_row(
+            dx, coef, written, early, count, slot_i, slot_s, slot_r, slot_gv, g_out_exact, alpha, k = _one_pass_row(
                 x, t_mask, i, g, u, lse, g_out, D, eps, count, slot_i, slot_s, slot_r, slot_gv, g_out_exact, DEFER)
             if NEED_DV:
                 tl.store(dv_ptr + dst[:, None] + d[None, :], dx.to(dv_ptr.dtype.element_ty),
                          mask=mask & written[:, None])
+                if STASH > 0:
+                    _keep_row_scalars(partial_ptr, pid, i + tl.zeros([BLOCK_T], tl.int32), first & written,
+                                      alpha, coef, k, STASH)
             if NEED_DU:
                 du += tl.sum(coef[:, None] * x, axis=0)
                 if DEFER:
                     early_sum = (early_sum + early[:, None] * x).to(tl.float16)
             if UNROLL == 2:
                 x_next = x_next.to(tl.float32)
-                dx, coef, written, early, count, slot_i, slot_s, slot_r, slot_gv, g_out_exact = _one_pass_row(
-                    x_next, t_mask & has_next, i + 1, g, u, lse, g_out, D, eps, count, slot_i, slot_s, slot_r,
-                    slot_gv, g_out_exact, DEFER)
+                dx, coef, written, early, count, slot_i, slot_s, slot_r, slot_gv, g_out_exact, alpha, k = (
+                    _one_pass_row(x_next, t_mask & has_next, i + 1, g, u, lse, g_out, D, eps, count, slot_i, slot_s,
+                                  slot_r, slot_gv, g_out_exact, DEFER))
                 if NEED_DV:
                     tl.store(dv_ptr + (dst + DV_STEP)[:, None] + d[None, :], dx.to(dv_ptr.dtype.element_ty),
                              mask=mask & written[:, None])
+                    if STASH > 0:
+                        _keep_row_scalars(partial_ptr, pid, i + 1 + tl.zeros([BLOCK_T], tl.int32), first & written,
+                                          alpha, coef, k, STASH)
                 if NEED_DU:
                     du += tl.sum(coef[:, None] * x_next, axis=0)  # x_next is 0 where masked
                     if DEFER:
@@ -469,28 +524,34 @@ def attn_res_bwd_onepass_kernel(
             if NEED_DU:
                 du += tl.sum((g_out - g_out_exact)[:, None] * early_sum, axis=0)
             # Two waiting rows in flight per step (their re-reads come from L2; the tail is latency-bound).
-            for k in range(0, tl.max(count, axis=0), 2):
-                j, logit, rstd, gv = _waiting_row(k, slot_i, slot_s, slot_r, slot_gv)
-                j2, logit2, rstd2, gv2 = _waiting_row(k + 1, slot_i, slot_s, slot_r, slot_gv)
-                ok = mask & (k < count)[:, None]
-                ok2 = mask & (k + 1 < count)[:, None]
+            for w in range(0, tl.max(count, axis=0), 2):
+                j, logit, rstd, gv = _waiting_row(w, slot_i, slot_s, slot_r, slot_gv)
+                j2, logit2, rstd2, gv2 = _waiting_row(w + 1, slot_i, slot_s, slot_r, slot_gv)
+                ok = mask & (w < count)[:, None]
+                ok2 = mask & (w + 1 < count)[:, None]
                 x = tl.load(v_ptr + (row0 + j * STRIDE_N)[:, None] + d[None, :], mask=ok, other=0.0).to(tl.float32)
                 x2 = tl.load(v_ptr + (row0 + j2 * STRIDE_N)[:, None] + d[None, :], mask=ok2, other=0.0)
-                dx, coef = _grad_row(x, g, u, logit, rstd, gv, lse, g_out_exact, D)
+                dx, coef, alpha, k = _grad_row(x, g, u, logit, rstd, gv, lse, g_out_exact, D)
                 if NEED_DV:
                     tl.store(dv_ptr + (t * D + j * DV_STEP)[:, None] + d[None, :], dx.to(dv_ptr.dtype.element_ty),
                              mask=ok)
+                    if STASH > 0:
+                        _keep_row_scalars(partial_ptr, pid, j, first & t_mask & (w < count), alpha, coef, k, STASH)
                 if NEED_DU:
                     du += tl.sum(coef[:, None] * x, axis=0)  # x is 0 where no row waits
                 x2 = x2.to(tl.float32)
-                dx, coef = _grad_row(x2, g, u, logit2, rstd2, gv2, lse, g_out_exact, D)
+                dx, coef, alpha, k = _grad_row(x2, g, u, logit2, rstd2, gv2, lse, g_out_exact, D)
                 if NEED_DV:
                     tl.store(dv_ptr + (t * D + j2 * DV_STEP)[:, None] + d[None, :], dx.to(dv_ptr.dtype.element_ty),
                              mask=ok2)
+                    if STASH > 0:
+                        _keep_row_scalars(partial_ptr, pid, j2, first & t_mask & (w + 1 < count), alpha, coef, k,
+                                          STASH)
                 if NEED_DU:
                     du += tl.sum(coef[:, None] * x2, axis=0)
     if NEED_DU:
-        tl.store(partial_ptr + pid * D + d, du, mask=d_mask)
+        t0 = pid.to(tl.int64) * BLOCK_T
+        _store_partial(partial_ptr, dv_ptr, du, pid, t0, d, d_mask, D, DV_STEP, STASH, STASH_BLOCK)
 
 
 @triton.jit
@@ -498,13 +559,14 @@ def attn_res_bwd_depth_tile_kernel(
     g_ptr, glse_ptr, v_ptr, q_ptr, w_ptr, dv_ptr, partial_ptr,
     N, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, DV_STEP, eps,
     HAS_WEIGHT: tl.constexpr, HAS_DLSE: tl.constexpr, NEED_DV: tl.constexpr, NEED_DU: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, STASH: tl.constexpr, STASH_BLOCK: tl.constexpr,
 ):
     """Gradients of attn_res with all N source rows of one token on chip at once ([BLOCK_N, BLOCK_D],
     BLOCK_N >= N): the softmax over depth is exact in fp32 from the rows themselves, so neither the
     forward's out nor its lse is read; per token N + 1 rows are read and N written, the byte floor.
     Persistent: program pid takes tokens pid, pid + grid, ... and writes its row of fp32 partial sums
-    of the query/weight gradient (partial_ptr, [grid, D])."""
+    of the query/weight gradient (partial_ptr, [grid, D]; with STASH > 0 in grad_values, as in the
+    one-pass kernel)."""
     eps = tl.cast(eps, tl.float32)  # Inductor passes Python floats as fp64
     pid = tl.program_id(0)
     d = tl.arange(0, BLOCK_D)
@@ -532,22 +594,32 @@ def attn_res_bwd_depth_tile_kernel(
             g_out -= tl.sum(tl.load(glse_ptr + t), axis=0)
         coef = alpha * (gv - g_out) * rstd
         if NEED_DV:
-            dx = alpha[:, None] * g + coef[:, None] * (u[None, :] - (logit * rstd / D)[:, None] * x)
-            tl.store(dv_ptr + (t * D)[:, None] + dst, dx.to(dv_ptr.dtype.element_ty), mask=mask)
+            k = logit * rstd / D
+            tl.store(dv_ptr + (t * D)[:, None] + dst, _row_grad(alpha, coef, k, x, g, u).to(dv_ptr.dtype.element_ty),
+                     mask=mask)
+            if STASH > 0:
+                _keep_row_scalars(partial_ptr, pid, n, n_mask & (token == pid), alpha, coef, k, STASH)
         if NEED_DU:
             du += tl.sum(coef[:, None] * x, axis=0)
     if NEED_DU:
-        tl.store(partial_ptr + pid * D + d, du, mask=d_mask)
+        _store_partial(partial_ptr, dv_ptr, du, pid, pid.to(tl.int64), d, d_mask, D, DV_STEP, STASH, STASH_BLOCK)
 
 
 @triton.jit
 def attn_res_param_grad_kernel(
-    partial_ptr, q_ptr, w_ptr, dq_ptr, dw_ptr, P, D,
-    HAS_WEIGHT: tl.constexpr, NEED_DQ: tl.constexpr, NEED_DW: tl.constexpr,
+    partial_ptr, q_ptr, w_ptr, dq_ptr, dw_ptr, g_ptr, v_ptr, dv_ptr,
+    P, D, T0_STEP, S1, S2, ST0, ST1, ST2, STRIDE_N, DV_STEP,
+    HAS_WEIGHT: tl.constexpr, NEED_DQ: tl.constexpr, NEED_DW: tl.constexpr, STASH: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    """du = sum over programs of the partial rows, in a fixed order; dq = du * w, dw = du * q."""
+    """du = sum over programs of the partial rows, in a fixed order; dq = du * w, dw = du * q.
+
+    STASH > 0: program p's row is stashed in grad_values, in source rows 0..STASH-1 of its first token
+    p * T0_STEP (see _stash_offsets), and partial_ptr holds those rows' scalars ([P, STASH, 3]). This
+    program reads its BLOCK_D columns of the stash and then rewrites exactly those columns of those rows
+    with their gradients (g and v are grad_out and values, v walked as in the backward kernels)."""
     pid = tl.program_id(0)
+    stash = dv_ptr.to(tl.pointer_type(tl.float32), bitcast=True)
     for d0 in range(pid * BLOCK_D, D, tl.num_programs(0) * BLOCK_D):
         d = d0 + tl.arange(0, BLOCK_D)
         d_mask = d < D
@@ -555,7 +627,12 @@ def attn_res_param_grad_kernel(
         for p0 in range(0, P, BLOCK_P):
             p = p0 + tl.arange(0, BLOCK_P)
             mask = (p < P)[:, None] & d_mask[None, :]
-            du += tl.sum(tl.load(partial_ptr + p[:, None] * D + d[None, :], mask=mask, other=0.0), axis=0)
+            if STASH > 0:
+                at = stash + _stash_offsets((p.to(tl.int64) * T0_STEP)[:, None], d[None, :], D, DV_STEP, STASH,
+                                            BLOCK_D)
+            else:
+                at = partial_ptr + p[:, None] * D + d[None, :]
+            du += tl.sum(tl.load(at, mask=mask, other=0.0), axis=0)
         if NEED_DQ:
             dq = du
             if HAS_WEIGHT:
@@ -564,3 +641,22 @@ def attn_res_param_grad_kernel(
         if NEED_DW:
             dw = du * tl.load(q_ptr + d, mask=d_mask, other=0.0).to(tl.float32)
             tl.store(dw_ptr + d, dw.to(dw_ptr.dtype.element_ty), mask=d_mask)
+        if STASH > 0:
+            tl.debug_barrier()  # every thread has read its part of the stash before any row is rewritten
+            u = _folded_query(q_ptr, w_ptr, d, d_mask, HAS_WEIGHT)
+            for p0 in range(0, P, BLOCK_P):
+                p = p0 + tl.arange(0, BLOCK_P)
+                p_ok = p < P
+                mask = p_ok[:, None] & d_mask[None, :]
+                t = p.to(tl.int64) * T0_STEP
+                g = tl.load(g_ptr + t[:, None] * D + d[None, :], mask=mask, other=0.0).to(tl.float32)
+                src = _token_rows(t, S1, S2, ST0, ST1, ST2)
+                for r in tl.static_range(STASH):
+                    x = tl.load(v_ptr + (src + r * STRIDE_N)[:, None] + d[None, :], mask=mask, other=0.0)
+                    at = partial_ptr + p * (3 * STASH) + 3 * r
+                    alpha = tl.load(at, mask=p_ok, other=0.0)
+                    coef = tl.load(at + 1, mask=p_ok, other=0.0)
+                    k = tl.load(at + 2, mask=p_ok, other=0.0)
+                    dx = _row_grad(alpha, coef, k, x.to(tl.float32), g, u)
+                    tl.store(dv_ptr + (r * DV_STEP + t * D)[:, None] + d[None, :], dx.to(dv_ptr.dtype.element_ty),
+                             mask=mask)

@@ -28,7 +28,7 @@ from .kernels import (
     attn_res_fwd_kernel,
     attn_res_param_grad_kernel,
 )
-from .plan import Plan, depth_tile_plan, make_plan, reduce_plan
+from .plan import Plan, depth_tile_plan, make_plan, reduce_plan, stash_rows
 
 
 def check_args(values: Tensor, query: Tensor, norm_weight: Optional[Tensor], eps: float) -> None:
@@ -134,10 +134,15 @@ def _backward(
     one_pass = plan.one_pass and plan.one_tile and saved
     # One fp32 row of query/weight-gradient partial sums per program; not even allocated when only
     # grad_values is wanted (frozen mixing parameters). The depth-tile and one-pass kernels write every
-    # row once; the two-phase kernel adds to its row per token block, so it starts from zeros.
-    rows = (plan.grid if tokens else 1, dim) if need_du else (1,)
-    alloc = values.new_empty if (one_pass or plan.block_n) and tokens else values.new_zeros
-    partial = alloc(rows, dtype=torch.float32)
+    # row once, and stash it in grad_values where they can (stash_rows; `partial` then keeps the scalars
+    # of the rows the stash overwrites); the two-phase kernel adds to its row per token block, so it
+    # starts from zeros.
+    writes_once = (one_pass or bool(plan.block_n)) and tokens > 0
+    programs = plan.grid if tokens else 1
+    stash = stash_rows(target, n, dim, values.element_size()) if writes_once and need_values and need_du else 0
+    rows = (programs, stash, 3) if stash else (programs, dim) if need_du else (1,)
+    partial = (values.new_empty if writes_once else values.new_zeros)(rows, dtype=torch.float32)
+    block_d, block_p, reduce_grid = reduce_plan(target, dim, programs, stash)
     if tokens:
         grad_out = grad_out.contiguous()
         s1, s2, st0, st1, st2 = _walk(values)
@@ -146,19 +151,21 @@ def _backward(
         glse = grad_out if grad_lse is None else grad_lse.contiguous()
         flags = dict(HAS_WEIGHT=norm_weight is not None, HAS_DLSE=grad_lse is not None, NEED_DV=need_values,
                      NEED_DU=need_du, BLOCK_D=plan.block_d, num_warps=plan.num_warps, num_stages=plan.num_stages)
+        # Always passed: torch.compile's wrap_triton takes no defaults for constexpr parameters.
+        stash_flags = dict(STASH=stash, STASH_BLOCK=block_d if stash else 2)
         if plan.block_n:
             launch(
                 attn_res_bwd_depth_tile_kernel, (plan.grid,),
                 (grad_out, glse, values, query, weight, dv, partial),
                 (n, tokens, dim, s1, s2, st0, st1, st2, values.stride(0), tokens * dim, eps),
-                dict(flags, BLOCK_N=plan.block_n),
+                dict(flags, BLOCK_N=plan.block_n, **stash_flags),
             )
         elif one_pass:
             launch(
                 attn_res_bwd_onepass_kernel, (plan.grid,),
                 (grad_out, glse, out.contiguous(), lse.contiguous(), values, query, weight, dv, partial),
                 (n, tokens, dim, s1, s2, st0, st1, st2, values.stride(0), tokens * dim, eps),
-                dict(flags, DEFER=out.dtype != torch.float32, UNROLL=plan.unroll, BLOCK_T=plan.block_t),
+                dict(flags, DEFER=out.dtype != torch.float32, UNROLL=plan.unroll, BLOCK_T=plan.block_t, **stash_flags),
             )
         else:
             stats = values.new_empty((3, n, tokens), dtype=torch.float32)
@@ -170,13 +177,16 @@ def _backward(
                 dict(flags, ONE_TILE=plan.one_tile, UNROLL=plan.unroll, BLOCK_T=plan.block_t),
             )
     if need_du:
-        block_d, block_p, grid = reduce_plan(target, dim, partial.shape[0])
+        # With a stash the reduction also rewrites the stashed rows (from grad_out and values).
+        rows_from = (grad_out, values, grad_values) if stash else (partial, partial, partial)
+        first_token_step = 1 if plan.block_n else plan.block_t
+        walk = (first_token_step, *_walk(values), values.stride(0), tokens * dim) if stash else (1, 1, 1, 0, 0, 0, 0, 0)
         launch(
-            attn_res_param_grad_kernel, (grid,),
+            attn_res_param_grad_kernel, (reduce_grid,),
             (partial, query, query if norm_weight is None else norm_weight,
-             grad_query if need_query else partial, grad_weight if need_norm_weight else partial),
-            (partial.shape[0], dim),
-            dict(HAS_WEIGHT=norm_weight is not None, NEED_DQ=need_query, NEED_DW=need_norm_weight,
+             grad_query if need_query else partial, grad_weight if need_norm_weight else partial, *rows_from),
+            (programs, dim, *walk),
+            dict(HAS_WEIGHT=norm_weight is not None, NEED_DQ=need_query, NEED_DW=need_norm_weight, STASH=stash,
                  BLOCK_P=block_p, BLOCK_D=block_d),
         )
     return grad_values, grad_query, grad_weight

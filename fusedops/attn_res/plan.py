@@ -171,21 +171,47 @@ def depth_tile_plan(target: Target, tokens: int, sources: int, dim: int, elem_si
 
 
 # The partial-sum reduction is latency-bound (a few MB, just written, in L2): on CUDA, narrow feature
-# blocks give many programs, and tall program blocks few dependent steps each.
+# blocks give many programs, and tall program blocks few dependent steps each. Rewriting the rows under
+# a stash holds four fp32 tiles (stash, g, v and the gradient) instead of two.
 CUDA_REDUCE_BLOCK_D = 32
 CUDA_REDUCE_MAX_BLOCK_P = 256
 REDUCE_BLOCK_D = 256
 REDUCE_MAX_BLOCK_P = 64
+REDUCE_BYTES_PER_ELEMENT = 8
+STASH_REDUCE_BYTES_PER_ELEMENT = 16
 
 
 @memoize
-def reduce_plan(target: Target, dim: int, programs: int) -> tuple[int, int, int]:
-    """(BLOCK_D, BLOCK_P, grid) for summing the backward's [programs, dim] partial sums."""
+def reduce_plan(target: Target, dim: int, programs: int, stash: int = 0) -> tuple[int, int, int]:
+    """(BLOCK_D, BLOCK_P, grid) for summing the backward's [programs, dim] partial sums. With a stash of
+    two 16-bit rows (see stash_rows), BLOCK_D divides dim, so each program owns whole columns of it."""
     cuda = target.vendor == "cuda" and not target.interpreted
     widest = 4096 if target.interpreted else CUDA_REDUCE_BLOCK_D if cuda else REDUCE_BLOCK_D
-    block_d = max(min(next_pow2(dim), widest), max(1, target.row_align // 4))
-    budget = max(1, target.onchip_bytes // (8 * block_d))
+    if stash == 2:
+        block_d = min(dim & -dim, widest)  # the largest power of two dividing dim
+    else:
+        block_d = max(min(next_pow2(dim), widest), max(1, target.row_align // 4))
+    per_element = STASH_REDUCE_BYTES_PER_ELEMENT if stash else REDUCE_BYTES_PER_ELEMENT
+    budget = max(1, target.onchip_bytes // (per_element * block_d))
     tallest = CUDA_REDUCE_MAX_BLOCK_P if cuda else REDUCE_MAX_BLOCK_P
     block_p = max(1, min(prev_pow2(budget), next_pow2(size_hint(programs)), tallest))
     grid = target.grid_size(-(-dim // block_d))
     return block_d, block_p, grid
+
+
+@memoize
+def stash_rows(target: Target, sources: int, dim: int, elem_size: int) -> int:
+    """How many source rows of a program's first token hold its fp32 partial-sum row (4 / elem_size),
+    or 0 when they cannot, in which case the partial sums get their own [programs, dim] buffer.
+
+    The stash keeps the backward's peak memory at grad_values plus O(programs) scalars: the buffer
+    is 4-8 MB at D = 4096-8192, more than Liger-Kernel's saved statistics (2 N tokens fp32). Rows are
+    written by the backward kernel, overwritten by the partial sums, and rewritten by the reduction.
+    Needs concrete sizes (no guard on a symbolic N or D), N >= 4 / elem_size rows, and for 16-bit rows
+    a reduction block that divides D and is even (each half of it holds one row's columns)."""
+    rows = 4 // elem_size
+    if not (isinstance(sources, int) and isinstance(dim, int)) or rows not in (1, 2) or sources < rows:
+        return 0
+    if rows == 2 and reduce_plan(target, dim, 1, 2)[0] < max(2, target.row_align // elem_size):
+        return 0
+    return rows
