@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from bench.common import Context, error_row, fwd_bwd_fns, measure, optional_import
+from bench.common import Context, cuda_graph_step, error_row, fwd_bwd_fns, measure, optional_import
 
 OP = "attn_res"
 CASES = [(8, 1, 8192, 4096), (16, 1, 4096, 4096), (32, 1, 4096, 4096), (4, 2, 4096, 4096), (8, 2, 4096, 8192),
@@ -68,6 +68,12 @@ def run(ctx: Context) -> list[dict]:
                 # small cases are host-bound in eager mode: the device's own time, beside the wall clock
                 rows.append(measure(ctx, OP, case, name, "fwd+bwd", fns["fwd+bwd"], nbytes=nbytes["fwd+bwd"],
                                     gpu_time=True))
+            if ctx.device.type == "cuda" and name == "fusedops":
+                # and the wall clock of the step replayed from a CUDA graph (fusedops never syncs the host)
+                replay = cuda_graph_step(fn, [values, query, norm_weight])
+                rows.append(measure(ctx, OP, case, f"{name} (CUDA graph)", "fwd+bwd", replay,
+                                    nbytes=nbytes["fwd+bwd"], memory=False))
+                del replay
             del fns
         del values, query, norm_weight
         ctx.empty_cache()

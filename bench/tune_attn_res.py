@@ -189,12 +189,40 @@ def sweep_stash() -> None:
         err = max(((a - b).float().norm() / b.float().norm()).item() for a, b in zip(results["stash"][1:],
                                                                                    results["buffer"][1:]))
         table.append((case, min(times["stash"]), min(times["buffer"]), peaks["stash"], peaks["buffer"], same, err))
+        _sweep_stash_reduction(case, run, results["stash"], nbytes, ceiling)
         del v, g, out, results
         torch.cuda.empty_cache()
     print("\ncase | stash ms | own buffer ms | stash/buffer | peak MB stash | peak MB buffer | grad_values equal |"
           " dq/dw rel diff")
     for case, ts, tb, ps, pb, same, err in table:
         print(f"{case} | {ts:.4f} | {tb:.4f} | {ts / tb:.3f} | {ps:.1f} | {pb:.1f} | {same} | {err:.1e}")
+
+
+# The stash's reduction (sum, then rewrite of the stashed rows): (BLOCK_D, BLOCK_P, warps) around the plan.
+STASH_REDUCE_CONFIGS = [(32, 128, 4), (32, 256, 4), (32, 256, 8), (16, 128, 4), (16, 256, 4), (64, 128, 4),
+                        (64, 128, 8)]
+
+
+def _sweep_stash_reduction(case, run, ref, nbytes, ceiling) -> None:
+    """Times run() (the whole backward) with each reduction config of STASH_REDUCE_CONFIGS."""
+    planned = attn_res_op.reduce_plan
+
+    for block_d, block_p, warps in STASH_REDUCE_CONFIGS:
+        def plan(target, dim, programs, stash=0):
+            if not stash:
+                return planned(target, dim, programs, stash)
+            return block_d, block_p, target.grid_size(-(-dim // block_d)), block_p
+
+        def launch_warps(kernel, grid, tensors, scalars, meta):
+            if kernel is attn_res_kernels.attn_res_param_grad_kernel:
+                meta = {**meta, "num_warps": warps}
+            launch(kernel, grid, tensors, scalars, meta)
+
+        with _patched(reduce_plan=plan, launch=launch_warps):
+            grads = run()
+            err = max(((a - b).float().norm() / b.float().norm()).item() for a, b in zip(grads, ref))
+            _time(f"stash reduction {case} BLOCK_D {block_d} BLOCK_P {block_p} w{warps} err {err:.1e}", run, nbytes,
+                  ceiling, False)
 
 
 def sweep() -> None:

@@ -425,7 +425,7 @@ def stash_off():
 def test_partial_sums_are_stashed_in_grad_values(path, kernels, dtype, n, dim, scale):
     """The kernels that write each program's partial-sum row once put it in grad_values (over rows of
     the program's first token, rewritten by the reduction) instead of a [programs, D] fp32 buffer: the
-    gradients are those of the separate buffer (grad_values bitwise; the reduction's blocking differs),
+    gradients are those of the separate buffer (bit for bit where the reduction's blocks are the same),
     across several programs of several tokens, and with rows that dominate the softmax (scale: the one-pass
     kernel defers them)."""
     gen = torch.Generator().manual_seed(11)
@@ -447,8 +447,14 @@ def test_partial_sums_are_stashed_in_grad_values(path, kernels, dtype, n, dim, s
             own = torch.ops.fusedops.attn_res_backward(grad_out, values, query, weight, 1e-6, True, True, True,
                                                       out, lse)
     assert torch.equal(stashed[0], own[0])
+    # The sums run in the same order unless the stash narrowed the reduction's feature blocks (16-bit rows
+    # with D not a power of two: blocks must divide D), which changes their height on a small budget.
+    same_blocks = values.element_size() == 4 or dim & (dim - 1) == 0
     for a, b in zip(stashed[1:], own[1:]):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6 * b.abs().max().item())
+        if same_blocks:
+            assert torch.equal(a, b)
+        else:
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6 * b.abs().max().item())
     (_, (programs,), shapes, meta), (reduction, _, reduced, _) = launches
     # the backward kernel wrote the scalars of 4 / element-size rows per program, over several programs
     assert meta["STASH"] == 4 // values.element_size() and programs > 1, launches

@@ -223,11 +223,14 @@ def test_attn_res_plans_fit():
             # 3.2's interpreter drops when they are one element and False (docs/ascend.md)
             assert plan.unroll == 1, case
             if backward:
-                block_d, block_p, grid = P.reduce_plan(target, dim, plan.grid)
+                stash = P.stash_rows(target, 8, dim, elem)
+                block_d, block_p, grid, rewrite_p = P.reduce_plan(target, dim, plan.grid, stash)
                 assert 1 <= grid <= ASCEND_MAX_GRID, case
+                assert not stash or (stash == 1 or dim % block_d == 0) and block_d * 4 % target.row_align == 0, case
                 # (the interpreter's reduction takes 4096-wide rows whatever the budget: not checked)
                 if not target.interpreted:
                     assert block_p * block_d * 8 <= target.onchip_bytes, case
+                    assert rewrite_p * block_d * 16 <= target.onchip_bytes, case
 
 
 def test_embedding_plans_fit():

@@ -610,14 +610,15 @@ def attn_res_param_grad_kernel(
     partial_ptr, q_ptr, w_ptr, dq_ptr, dw_ptr, g_ptr, v_ptr, dv_ptr,
     P, D, T0_STEP, S1, S2, ST0, ST1, ST2, STRIDE_N, DV_STEP,
     HAS_WEIGHT: tl.constexpr, NEED_DQ: tl.constexpr, NEED_DW: tl.constexpr, STASH: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, REWRITE_P: tl.constexpr,
 ):
     """du = sum over programs of the partial rows, in a fixed order; dq = du * w, dw = du * q.
 
     STASH > 0: program p's row is stashed in grad_values, in source rows 0..STASH-1 of its first token
     p * T0_STEP (see _stash_offsets), and partial_ptr holds those rows' scalars ([P, STASH, 3]). This
     program reads its BLOCK_D columns of the stash and then rewrites exactly those columns of those rows
-    with their gradients (g and v are grad_out and values, v walked as in the backward kernels)."""
+    with their gradients (g and v are grad_out and values, v walked as in the backward kernels),
+    REWRITE_P tokens at a time."""
     pid = tl.program_id(0)
     stash = dv_ptr.to(tl.pointer_type(tl.float32), bitcast=True)
     for d0 in range(pid * BLOCK_D, D, tl.num_programs(0) * BLOCK_D):
@@ -644,8 +645,8 @@ def attn_res_param_grad_kernel(
         if STASH > 0:
             tl.debug_barrier()  # every thread has read its part of the stash before any row is rewritten
             u = _folded_query(q_ptr, w_ptr, d, d_mask, HAS_WEIGHT)
-            for p0 in range(0, P, BLOCK_P):
-                p = p0 + tl.arange(0, BLOCK_P)
+            for p0 in range(0, P, REWRITE_P):
+                p = p0 + tl.arange(0, REWRITE_P)
                 p_ok = p < P
                 mask = p_ok[:, None] & d_mask[None, :]
                 t = p.to(tl.int64) * T0_STEP

@@ -142,7 +142,7 @@ def _backward(
     stash = stash_rows(target, n, dim, values.element_size()) if writes_once and need_values and need_du else 0
     rows = (programs, stash, 3) if stash else (programs, dim) if need_du else (1,)
     partial = (values.new_empty if writes_once else values.new_zeros)(rows, dtype=torch.float32)
-    block_d, block_p, reduce_grid = reduce_plan(target, dim, programs, stash)
+    block_d, block_p, reduce_grid, rewrite_p = reduce_plan(target, dim, programs, stash)
     if tokens:
         grad_out = grad_out.contiguous()
         s1, s2, st0, st1, st2 = _walk(values)
@@ -187,7 +187,7 @@ def _backward(
              grad_query if need_query else partial, grad_weight if need_norm_weight else partial, *rows_from),
             (programs, dim, *walk),
             dict(HAS_WEIGHT=norm_weight is not None, NEED_DQ=need_query, NEED_DW=need_norm_weight, STASH=stash,
-                 BLOCK_P=block_p, BLOCK_D=block_d),
+                 BLOCK_P=block_p, BLOCK_D=block_d, REWRITE_P=rewrite_p),
         )
     return grad_values, grad_query, grad_weight
 

@@ -172,31 +172,34 @@ def depth_tile_plan(target: Target, tokens: int, sources: int, dim: int, elem_si
 
 # The partial-sum reduction is latency-bound (a few MB, just written, in L2): on CUDA, narrow feature
 # blocks give many programs, and tall program blocks few dependent steps each. Rewriting the rows under
-# a stash holds four fp32 tiles (stash, g, v and the gradient) instead of two.
+# a stash holds four fp32 tiles (stash, g, v and the gradient), so it walks them in blocks of its own
+# height; the sum keeps its blocks, so a stash changes no bit of the parameter gradients.
 CUDA_REDUCE_BLOCK_D = 32
 CUDA_REDUCE_MAX_BLOCK_P = 256
 REDUCE_BLOCK_D = 256
 REDUCE_MAX_BLOCK_P = 64
 REDUCE_BYTES_PER_ELEMENT = 8
-STASH_REDUCE_BYTES_PER_ELEMENT = 16
+REWRITE_BYTES_PER_ELEMENT = 16
 
 
 @memoize
-def reduce_plan(target: Target, dim: int, programs: int, stash: int = 0) -> tuple[int, int, int]:
-    """(BLOCK_D, BLOCK_P, grid) for summing the backward's [programs, dim] partial sums. With a stash of
-    two 16-bit rows (see stash_rows), BLOCK_D divides dim, so each program owns whole columns of it."""
+def reduce_plan(target: Target, dim: int, programs: int, stash: int = 0) -> tuple[int, int, int, int]:
+    """(BLOCK_D, BLOCK_P, grid, REWRITE_P) for summing the backward's [programs, dim] partial sums and,
+    with a stash (see stash_rows), rewriting REWRITE_P stashed tokens at a time. With a stash of two
+    16-bit rows BLOCK_D divides dim, so each program owns whole columns of it."""
     cuda = target.vendor == "cuda" and not target.interpreted
     widest = 4096 if target.interpreted else CUDA_REDUCE_BLOCK_D if cuda else REDUCE_BLOCK_D
     if stash == 2:
         block_d = min(dim & -dim, widest)  # the largest power of two dividing dim
     else:
         block_d = max(min(next_pow2(dim), widest), max(1, target.row_align // 4))
-    per_element = STASH_REDUCE_BYTES_PER_ELEMENT if stash else REDUCE_BYTES_PER_ELEMENT
-    budget = max(1, target.onchip_bytes // (per_element * block_d))
     tallest = CUDA_REDUCE_MAX_BLOCK_P if cuda else REDUCE_MAX_BLOCK_P
-    block_p = max(1, min(prev_pow2(budget), next_pow2(size_hint(programs)), tallest))
+    heights = []
+    for per_element in (REDUCE_BYTES_PER_ELEMENT, REWRITE_BYTES_PER_ELEMENT):
+        budget = max(1, target.onchip_bytes // (per_element * block_d))
+        heights.append(max(1, min(prev_pow2(budget), next_pow2(size_hint(programs)), tallest)))
     grid = target.grid_size(-(-dim // block_d))
-    return block_d, block_p, grid
+    return block_d, heights[0], grid, heights[1]
 
 
 @memoize
