@@ -200,9 +200,11 @@ def _stash_offsets(t0, d, D, DV_STEP, ROWS: tl.constexpr, BLOCK: tl.constexpr):
 @triton.jit
 def _keep_row_scalars(stats_ptr, pid, row, ok, alpha, coef, k, ROWS: tl.constexpr):
     """Where `ok`, keep the scalars (alpha, coef, k) of source row `row` of the program's first token in
-    `stats_ptr` ([programs, ROWS, 3] fp32) if that row will hold the stash: the reduction rewrites it."""
+    `stats_ptr` ([programs + 1, ROWS, 3] fp32) if that row will hold the stash: the reduction rewrites it.
+    Elsewhere the address is the spare last entry: triton-ascend 3.2's interpreter ignores a one-element
+    mask that is False (BLOCK_T = 1, N = 1), so no address may depend on the mask alone."""
     ok = ok & (row < ROWS)
-    at = stats_ptr + pid * (3 * ROWS) + row * 3
+    at = stats_ptr + tl.where(ok, pid * (3 * ROWS) + row * 3, tl.num_programs(0) * (3 * ROWS))
     tl.store(at, alpha, mask=ok)
     tl.store(at + 1, coef, mask=ok)
     tl.store(at + 2, k, mask=ok)

@@ -140,7 +140,7 @@ def _backward(
     writes_once = (one_pass or bool(plan.block_n)) and tokens > 0
     programs = plan.grid if tokens else 1
     stash = stash_rows(target, n, dim, values.element_size()) if writes_once and need_values and need_du else 0
-    rows = (programs, stash, 3) if stash else (programs, dim) if need_du else (1,)
+    rows = (programs + 1, stash, 3) if stash else (programs, dim) if need_du else (1,)  # + 1: see _keep_row_scalars
     partial = (values.new_empty if writes_once else values.new_zeros)(rows, dtype=torch.float32)
     block_d, block_p, reduce_grid, rewrite_p = reduce_plan(target, dim, programs, stash)
     if tokens:
