@@ -498,8 +498,10 @@ def attn_res_bwd_onepass_kernel(
                 tl.store(dv_ptr + dst[:, None] + d[None, :], dx.to(dv_ptr.dtype.element_ty),
                          mask=mask & written[:, None])
                 if STASH > 0:
-                    _keep_row_scalars(partial_ptr, pid, i + tl.zeros([BLOCK_T], tl.int32), first & written,
-                                      alpha, coef, k, STASH)
+                    if block == pid:  # uniform branches: once per program
+                        if i < STASH:
+                            _keep_row_scalars(partial_ptr, pid, i + tl.zeros([BLOCK_T], tl.int32), first & written,
+                                              alpha, coef, k, STASH)
             if NEED_DU:
                 du += tl.sum(coef[:, None] * x, axis=0)
                 if DEFER:
@@ -513,8 +515,10 @@ def attn_res_bwd_onepass_kernel(
                     tl.store(dv_ptr + (dst + DV_STEP)[:, None] + d[None, :], dx.to(dv_ptr.dtype.element_ty),
                              mask=mask & written[:, None])
                     if STASH > 0:
-                        _keep_row_scalars(partial_ptr, pid, i + 1 + tl.zeros([BLOCK_T], tl.int32), first & written,
-                                          alpha, coef, k, STASH)
+                        if block == pid:
+                            if i + 1 < STASH:
+                                _keep_row_scalars(partial_ptr, pid, i + 1 + tl.zeros([BLOCK_T], tl.int32),
+                                                  first & written, alpha, coef, k, STASH)
                 if NEED_DU:
                     du += tl.sum(coef[:, None] * x_next, axis=0)  # x_next is 0 where masked
                     if DEFER:
@@ -538,7 +542,9 @@ def attn_res_bwd_onepass_kernel(
                     tl.store(dv_ptr + (t * D + j * DV_STEP)[:, None] + d[None, :], dx.to(dv_ptr.dtype.element_ty),
                              mask=ok)
                     if STASH > 0:
-                        _keep_row_scalars(partial_ptr, pid, j, first & t_mask & (w < count), alpha, coef, k, STASH)
+                        if block == pid:
+                            _keep_row_scalars(partial_ptr, pid, j, first & t_mask & (w < count), alpha, coef, k,
+                                              STASH)
                 if NEED_DU:
                     du += tl.sum(coef[:, None] * x, axis=0)  # x is 0 where no row waits
                 x2 = x2.to(tl.float32)
@@ -547,8 +553,9 @@ def attn_res_bwd_onepass_kernel(
                     tl.store(dv_ptr + (t * D + j2 * DV_STEP)[:, None] + d[None, :], dx.to(dv_ptr.dtype.element_ty),
                              mask=ok2)
                     if STASH > 0:
-                        _keep_row_scalars(partial_ptr, pid, j2, first & t_mask & (w + 1 < count), alpha, coef, k,
-                                          STASH)
+                        if block == pid:
+                            _keep_row_scalars(partial_ptr, pid, j2, first & t_mask & (w + 1 < count), alpha, coef, k,
+                                              STASH)
                 if NEED_DU:
                     du += tl.sum(coef[:, None] * x2, axis=0)
     if NEED_DU:
@@ -600,7 +607,8 @@ def attn_res_bwd_depth_tile_kernel(
             tl.store(dv_ptr + (t * D)[:, None] + dst, _row_grad(alpha, coef, k, x, g, u).to(dv_ptr.dtype.element_ty),
                      mask=mask)
             if STASH > 0:
-                _keep_row_scalars(partial_ptr, pid, n, n_mask & (token == pid), alpha, coef, k, STASH)
+                if token == pid:  # uniform: once per program
+                    _keep_row_scalars(partial_ptr, pid, n, n_mask, alpha, coef, k, STASH)
         if NEED_DU:
             du += tl.sum(coef[:, None] * x, axis=0)
     if NEED_DU:
