@@ -3,7 +3,8 @@ one fwd+bwd step per FUSEDOPS_NA_BWD_TILES setting, the forward plan fixed (TUNE
 cases by kernel); TUNE_FORWARD=1: the forward kernel alone per FUSEDOPS_NA_TILES setting on the
 benchmark's cases; TUNE_STAGES=1: the planner's tiles at each pipelining depth; TUNE_REGISTERS=1: the
 planner's tiles under register caps, per kernel; TUNE_FUSED=1: the fused 1-D backward's blocks against the
-two-kernel backward on narrow windows. A plan change is backed by a measurement.
+two-kernel backward on narrow windows; TUNE_BOXES=1: box settings of the forward/dQ and of the dK/dV kernel on 2-D cases
+(TUNE_VARIANTS or BOX_VARIANTS), device us per kernel of one fwd+bwd step. A plan change is backed by a measurement.
 Usage: python -m bench.tune_neighborhood_attention"""
 
 from __future__ import annotations
@@ -202,6 +203,44 @@ def fused_sweep() -> None:
         _cap_registers({})
 
 
+# Key boxes tall in the outer axis put a 2-D walk's steps in the innermost loop, the one Triton pipelines.
+# "tiles|dkdv": FUSEDOPS_NA_TILES (forward and dQ) | FUSEDOPS_NA_DKDV_TILES (the dK/dV kernel alone).
+BOX_VARIANTS = ["", "1,8,8/1,16,2/4", "1,8,8/1,16,4/4", "1,8,4/1,16,2/2", "1,8,8/1,16,2/4/2", "1,8,8/1,32,2/4",
+                "|1,16,4/1,8,8/4", "|1,16,2/1,8,8/4", "|1,16,8/1,8,8/4", "|1,16,4/1,8,8/4/2", "|1,16,4/1,8,16/8",
+                "1,8,8/1,16,2/4|1,16,4/1,8,8/4"]
+BOX_CASES = [(1, 16, (64, 64), 64, (k, k)) for k in (3, 5, 7, 9, 11)] + [
+    (1, 16, (64, 64), 128, (7, 7)), (1, 24, (128, 128), 128, (13, 13))]
+
+
+def boxes_sweep() -> None:
+    """Device us per kernel of one fwd+bwd step for each tiles|dkdv setting (TUNE_VARIANTS, space-separated,
+    or BOX_VARIANTS), gradients checked against the planner's."""
+    for b, h, spatial, d, kernel in selected_cases(BOX_CASES):
+        q, k, v = _inputs(b, h, spatial, d)
+        go = torch.randn_like(q)
+
+        def step():
+            return torch.autograd.grad(fusedops.neighborhood_attention(q, k, v, list(kernel)), (q, k, v), go)
+
+        expected = None
+        for variant in os.environ.get("TUNE_VARIANTS", "").split() or BOX_VARIANTS:
+            tiles, _, dkdv = ("" if variant == "planner" else variant).partition("|")
+            os.environ["FUSEDOPS_NA_TILES"] = tiles
+            os.environ["FUSEDOPS_NA_DKDV_TILES"] = dkdv
+            try:
+                grads = step()
+                expected = grads if expected is None else expected
+                err = _max_rel_diff(grads, expected)
+                times = gpu_kernel_times_us(step)
+                parts = "  ".join(f"{n.split('_kernel')[0]} {us:7.1f}" for n, us in sorted(times.items()) if us > 1)
+                print(f"{_name(spatial, d, kernel)} {variant or '(planner)':32s} total {sum(times.values()):8.1f} us"
+                      f"  {parts}  max rel diff {err:.1e}", flush=True)
+            except Exception as e:  # noqa: BLE001
+                print(f"{_name(spatial, d, kernel)} {variant}: {type(e).__name__}: {str(e)[:160]}", flush=True)
+        os.environ.pop("FUSEDOPS_NA_TILES", None)
+        os.environ.pop("FUSEDOPS_NA_DKDV_TILES", None)
+
+
 def selected_cases(cases=CASES) -> list:
     """The cases whose kernel string (e.g. "7", "7x7") is listed in TUNE_KERNELS (all without it)."""
     wanted = os.environ.get("TUNE_KERNELS", "").split()
@@ -220,6 +259,9 @@ def main() -> None:
         return
     if os.environ.get("TUNE_REGISTERS") == "1":
         registers_sweep()
+        return
+    if os.environ.get("TUNE_BOXES") == "1":
+        boxes_sweep()
         return
     for b, h, spatial, d, kernel in selected_cases():
         q, k, v = _inputs(b, h, spatial, d)

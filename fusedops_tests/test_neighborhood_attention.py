@@ -3,6 +3,7 @@ issue's formulas, on the PyTorch reference and on both launch plans under the Tr
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from unittest import mock
@@ -218,6 +219,37 @@ def test_kernels_many_tiles_small_budget(path, ndim):
                          ndim, backward=True)
         assert plan.block_m < math.prod(spatial) and plan.block_n < math.prod(spatial)
         check_case(case)
+
+
+@pytest.mark.parametrize("ndim, dq_boxes, dkdv_boxes", [
+    (2, ((1, 4, 4), (1, 8, 2)), ((1, 8, 2), (1, 2, 4))),  # the H100's tall-box pattern, at test sizes
+    (3, ((2, 2, 2), (2, 2, 2)), ((1, 2, 4), (4, 2, 1))),
+])
+def test_dkdv_walks_boxes_of_its_own(ndim, dq_boxes, dkdv_boxes):
+    """The dK/dV kernel on query and key boxes other than the dQ kernel's (Plan.dkdv, as the H100's 2-D plan
+    has them): gradients still match the oracle, several tiles per axis, GQA, stride, causal axes."""
+    spatial = {2: [9, 7], 3: [4, 5, 6]}[ndim]
+    case = dict(
+        spatial=spatial, ks={2: [3, 4], 3: [2, 3, 3]}[ndim], dil={2: [1, 1], 3: [2, 1, 1]}[ndim],
+        strd={2: [1, 2], 3: [1, 2, 1]}[ndim], causal={2: [False, True], 3: [True, False, False]}[ndim],
+        window="shifted", batch=1, kv_heads=1, groups=2, head_dim=8, head_dim_v=8, dtype=torch.float32,
+        strided=True, scale=None, with_lse_grad=True, seed=ndim,
+    )
+    plain = make_plan
+
+    def with_dkdv(*args, **kwargs):
+        plan = plain(*args, **kwargs)
+        if not kwargs["backward"]:
+            return plan
+        plan = dataclasses.replace(plan, bm=dq_boxes[0], bn=dq_boxes[1])
+        return dataclasses.replace(plan, dkdv=dataclasses.replace(plan, bm=dkdv_boxes[0], bn=dkdv_boxes[1]))
+
+    na_op._backward_spec.cache_clear()
+    try:
+        with execution_path("cuda"), mock.patch.object(na_op, "make_plan", with_dkdv):
+            check_case(case)
+    finally:
+        na_op._backward_spec.cache_clear()
 
 
 @pytest.mark.parametrize("path", KERNEL_PATHS)
@@ -569,9 +601,73 @@ def _h100() -> Target:
                   max_grid=2**31 - 1, row_align=16, resident=4, persistent=False)
 
 
+def _axes(volume: int, ndim: int) -> list[int]:
+    """The per-axis kernel (padded to 3 axes) of a cubic window of `volume` positions."""
+    return [1] * (3 - ndim) + [round(volume ** (1 / ndim))] * ndim
+
+
+@pytest.mark.parametrize("spatial, kernel, stride, d, dtype, fwd_keys, dq_keys, dkdv", [
+    ([64, 64], (3, 3), (1, 1), 64, torch.bfloat16, (1, 16, 2), (1, 16, 2), ((1, 16, 4), (1, 8, 8))),
+    ([64, 64], (7, 7), (1, 1), 64, torch.bfloat16, (1, 16, 2), (1, 16, 2), ((1, 16, 4), (1, 8, 8))),
+    ([64, 64], (9, 5), (1, 1), 128, torch.float16, (1, 16, 2), (1, 16, 2), ((1, 16, 4), (1, 8, 8))),
+    ([64, 64], (7, 7), (3, 1), 64, torch.bfloat16, (1, 16, 2), (1, 16, 2), ((1, 16, 4), (1, 8, 8))),  # 16 rows
+    ([64, 64], (7, 7), (4, 1), 64, torch.bfloat16, (1, 32, 2), (1, 16, 2), ((1, 8, 8), (1, 16, 4))),  # 17 rows
+    ([64, 64], (11, 3), (1, 1), 64, torch.bfloat16, (1, 32, 2), (1, 16, 2), ((1, 8, 8), (1, 16, 4))),
+    ([128, 128], (13, 13), (1, 1), 128, torch.bfloat16, (1, 32, 2), (1, 16, 2), ((1, 8, 8), (1, 16, 4))),
+    ([64, 64], (27, 3), (1, 1), 64, torch.bfloat16, (1, 8, 8), (1, 8, 8), None),  # 34 rows: 8x8 boxes
+    ([64, 64], (7, 7), (1, 1), 256, torch.bfloat16, (1, 4, 8), (1, 4, 4), None),  # heads over 128: not measured
+    ([64, 64], (7, 7), (1, 1), 64, torch.float32, (1, 4, 8), (1, 4, 8), None),  # fp32: the ieee tiles
+])
+def test_cuda_2d_tall_key_boxes(spatial, kernel, stride, d, dtype, fwd_keys, dq_keys, dkdv):
+    """The H100's 2-D tiles for 16-bit inputs with heads up to 128 (bench/NOTES.md run 20): 8x8 query boxes
+    over key boxes 16 or 32 rows tall and 2 wide (the rows an 8-row query box's windows span: 8 + kernel +
+    stride - 2), so a query box walks its key rows in the innermost loop; the dK/dV kernel walks 16x4 query
+    boxes over 8x8 key boxes when those rows fit 16, else owns 16x4 key boxes. Wider windows, wider heads
+    and fp32 keep their boxes; none of it under the interpreter or a tile override."""
+    pad3 = [1] + spatial, [1, *kernel], [1, *stride]
+
+    def plan(target, backward):
+        return make_plan(target, pad3[0], [1, 1, 1], d, d, dtype, 2, backward=backward,
+                         kernel_volume=math.prod(kernel), kernel=pad3[1], stride=pad3[2])
+
+    forward, backward = plan(_h100(), False), plan(_h100(), True)
+    assert forward.bn == fwd_keys
+    assert backward.bn == dq_keys and forward.dkdv is None
+    if dkdv:
+        assert (backward.dkdv.bm, backward.dkdv.bn) == dkdv
+        assert forward.bm == backward.bm == (1, 8, 8)
+        assert (forward.num_warps, backward.num_warps, backward.dkdv.num_warps) == (4, 4, 4)
+    else:
+        assert backward.dkdv is None
+    for target in (cuda_target(interpreted=True), ascend_target(interpreted=True)):
+        assert plan(target, True).dkdv is None
+    with mock.patch.dict(os.environ, {"FUSEDOPS_NA_TILES": "1,8,8/1,8,8/4"}):
+        assert plan(_h100(), True).dkdv is None and plan(_h100(), False).bn == (1, 8, 8)
+
+
+def test_dkdv_tile_override():
+    """FUSEDOPS_NA_DKDV_TILES gives the dK/dV kernel its own boxes, warps and stages (uncapped) and leaves the
+    forward and the dQ kernel to the planner (or to FUSEDOPS_NA_TILES); the interpreter ignores it."""
+    args = ([1, 64, 64], [1, 1, 1], 64, 64, torch.bfloat16, 2)
+    kw = dict(kernel_volume=49, kernel=[1, 7, 7])
+    planned = make_plan(_h100(), *args, backward=True, **kw)
+    with mock.patch.dict(os.environ, {"FUSEDOPS_NA_DKDV_TILES": "1,4,16/1,8,8/8/2"}):
+        plan = make_plan(_h100(), *args, backward=True, **kw)
+        assert (plan.bm, plan.bn, plan.dq_registers) == (planned.bm, planned.bn, planned.dq_registers)
+        dkdv = plan.dkdv
+        assert (dkdv.bm, dkdv.bn, dkdv.num_warps, dkdv.num_stages, dkdv.dkdv_registers) == (
+            (1, 4, 16), (1, 8, 8), 8, 2, None)
+        assert make_plan(_h100(), *args, backward=False, **kw) == make_plan(_h100(), *args, backward=False, **kw)
+        assert make_plan(_h100(), *args, backward=False, **kw).dkdv is None
+        assert make_plan(cuda_target(interpreted=True), *args, backward=True, **kw).dkdv is None
+    assert na_op.tiles_override() == "||"
+
+
 @pytest.mark.parametrize("spatial, kernel, d, dtype, backward, bm, bn, warps, fused", [
     ([4096], 7, 64, torch.bfloat16, False, (1, 1, 64), (1, 1, 32), 4, False),
-    ([64, 64], 49, 64, torch.bfloat16, False, (1, 8, 8), (1, 8, 8), 4, False),
+    ([64, 64], 49, 64, torch.bfloat16, False, (1, 8, 8), (1, 16, 2), 4, False),
+    ([128, 128], 169, 128, torch.bfloat16, False, (1, 8, 8), (1, 32, 2), 4, False),
+    ([64, 64], 729, 64, torch.bfloat16, False, (1, 8, 8), (1, 8, 8), 4, False),  # 27x27: 8x8 boxes
     ([16, 32, 32], 343, 64, torch.bfloat16, False, (4, 4, 8), (2, 4, 8), 4, False),
     ([4096], 7, 64, torch.bfloat16, True, (1, 1, 64), (1, 1, 64), 4, True),
     ([4096], 17, 64, torch.float16, True, (1, 1, 64), (1, 1, 64), 4, True),
@@ -581,17 +677,18 @@ def _h100() -> Target:
     ([4096], 31, 64, torch.bfloat16, True, (1, 1, 64), (1, 1, 32), 4, False),
     ([8192], 33, 64, torch.bfloat16, True, (1, 1, 64), (1, 1, 32), 4, False),
     ([16384], 129, 64, torch.bfloat16, True, (1, 1, 64), (1, 1, 64), 4, False),
-    ([64, 64], 49, 64, torch.bfloat16, True, (1, 8, 8), (1, 8, 8), 4, False),
+    ([64, 64], 49, 64, torch.bfloat16, True, (1, 8, 8), (1, 16, 2), 4, False),
 ])
 def test_cuda_plan_is_the_measured_one(spatial, kernel, d, dtype, backward, bm, bn, warps, fused):
-    """The H100 plans chosen from device-time sweeps (bench/NOTES.md, neighborhood attention runs 12-14):
-    4-warp forwards (1D 64 x 32, 2D 8x8 boxes, 3D 4x4x8 x 2x4x8); the fused 1-D backward (64 rows, 4 warps,
-    one stage) for 16-bit inputs up to k17 at D 64 and k15 at D 128; otherwise 1D tiles by window width."""
+    """The H100 plans chosen from device-time sweeps (bench/NOTES.md, neighborhood attention runs 12-14, 20):
+    4-warp forwards (1D 64 x 32, 2D 8x8 query boxes over tall key boxes up to 32 key rows, else 8x8 boxes,
+    3D 4x4x8 x 2x4x8); the fused 1-D backward (64 rows, 4 warps, one stage) for 16-bit inputs up to k17 at
+    D 64 and k15 at D 128; otherwise 1D tiles by window width."""
     target = _h100()
     pad = [1] * (3 - len(spatial))
     halo = reach(kernel, 1, False, "shifted") if len(spatial) == 1 else None
     plan = make_plan(target, pad + spatial, [1, 1, 1], d, d, dtype, len(spatial), backward=backward,
-                     kernel_volume=kernel, halo=halo)
+                     kernel_volume=kernel, halo=halo, kernel=_axes(kernel, len(spatial)))
     stages = 1 if fused else None
     assert (plan.bm, plan.bn, plan.num_warps, plan.num_stages, plan.fused) == (bm, bn, warps, stages, fused)
     assert fused_1d_block(target, 1, 256, 256, torch.bfloat16) is None  # the widest heads: two kernels
@@ -601,22 +698,22 @@ def test_cuda_plan_is_the_measured_one(spatial, kernel, d, dtype, backward, bm, 
     ([8192], 33, 128, torch.bfloat16, 168, 168),
     ([16384], 129, 64, torch.float16, 168, 168),
     ([64, 64], 49, 64, torch.bfloat16, 168, None),
-    ([128, 128], 169, 128, torch.bfloat16, 168, None),
+    ([128, 128], 169, 128, torch.bfloat16, None, None),  # the tall 2-D dQ tiles at D 128 (run 20)
     ([16, 32, 32], 343, 64, torch.bfloat16, 168, None),
     ([8192], 33, 64, torch.float32, None, None),  # fp32: not measured, uncapped
     ([2048], 33, 256, torch.bfloat16, None, None),  # heads wider than 128: not measured
     ([4096], 7, 64, torch.bfloat16, None, None),  # the fused 1-D backward
 ])
 def test_cuda_backward_register_caps(spatial, kernel, d, dtype, dq_cap, dkdv_cap):
-    """The two-kernel backward's register caps (bench/NOTES.md run 16): dQ at 168 on the measured plans,
-    dK/dV only in 1-D; never on the interpreter (no registers) or under a tile override (a sweep's
-    tiles are timed as given)."""
+    """The two-kernel backward's register caps (bench/NOTES.md runs 16, 20): dQ at 168 on the measured plans
+    but the 2-D ones at D 128, dK/dV only in 1-D; never on the interpreter (no registers) or under a tile
+    override (a sweep's tiles are timed as given)."""
     pad = [1] * (3 - len(spatial))
     halo = reach(kernel, 1, False, "shifted") if len(spatial) == 1 else None
 
     def caps(target):
         plan = make_plan(target, pad + spatial, [1, 1, 1], d, d, dtype, len(spatial), backward=True,
-                         kernel_volume=kernel, halo=halo)
+                         kernel_volume=kernel, halo=halo, kernel=_axes(kernel, len(spatial)))
         return plan.dq_registers, plan.dkdv_registers
 
     assert caps(_h100()) == (dq_cap, dkdv_cap)
@@ -658,7 +755,7 @@ def test_one_compare_mask_plan(ndim, dtype, h100, interpreted_cuda, interpreted_
 def test_cuda_float32_exact_dots_plan(spatial, kernel, d, bm, bn, warps):
     """CUDA float32 with exact (ieee, FMA) dots: the spill-free tiles of CUDA_IEEE forward and backward
     (bench/NOTES.md run 18; the 16-bit tiles spilled kilobytes, up to 12x slower); with TF32 dots, the
-    16-bit plans' tiles."""
+    16-bit plans' tiles, but in 2-D the 8x8 boxes (the tall key boxes were measured on 16-bit inputs only)."""
     pad = [1] * (3 - len(spatial))
     halo = reach(kernel, 1, False, "shifted") if len(spatial) == 1 else None
     for backward in (False, True):
@@ -669,7 +766,11 @@ def test_cuda_float32_exact_dots_plan(spatial, kernel, d, bm, bn, warps):
         exact = plan(torch.float32)
         assert (exact.bm, exact.bn, exact.num_warps, exact.precision) == (bm, bn, warps, "ieee")
         tf32, half = plan(torch.float32, tf32=True), plan(torch.bfloat16)
-        assert (tf32.bm, tf32.bn, tf32.num_warps, tf32.precision) == (half.bm, half.bn, half.num_warps, "tf32")
+        if len(spatial) == 2:
+            assert half.dkdv is not None or not backward
+            assert (tf32.dkdv, tf32.precision) == (None, "tf32") and tf32.bn[2] > 2  # no tall key boxes
+        else:
+            assert (tf32.bm, tf32.bn, tf32.num_warps, tf32.precision) == (half.bm, half.bn, half.num_warps, "tf32")
 
 
 @pytest.mark.parametrize("precision, allowed", [("highest", False), ("high", True), ("medium", True)])
@@ -710,12 +811,12 @@ def test_float32_dots_follow_the_tf32_setting(spatial, kernel):
 
 def test_tile_override_is_taken_as_given():
     """A sweep's FUSEDOPS_NA_TILES is timed as named: not shrunk to the planner's on-chip budget (the
-    planner's own 2-D tiles are), only clamped to the group lengths."""
+    planner's own 2-D tiles for heads over 128 are), only clamped to the group lengths."""
     spatial = [1, 64, 64]
-    plan = make_plan(_h100(), spatial, [1, 1, 1], 64, 64, torch.bfloat16, 2, backward=False)
-    assert plan.block_n == 64
+    plan = make_plan(_h100(), spatial, [1, 1, 1], 256, 256, torch.bfloat16, 2, backward=False)
+    assert plan.block_m * plan.block_n < 64 * 256
     with mock.patch.dict(os.environ, {"FUSEDOPS_NA_TILES": "1,8,8/1,16,16/8"}):
-        plan = make_plan(_h100(), spatial, [1, 1, 1], 64, 64, torch.bfloat16, 2, backward=False)
+        plan = make_plan(_h100(), spatial, [1, 1, 1], 256, 256, torch.bfloat16, 2, backward=False)
         assert (plan.bm, plan.bn, plan.num_warps) == ((1, 8, 8), (1, 16, 16), 8)
         plan = make_plan(_h100(), [1, 64, 6], [1, 1, 1], 64, 64, torch.bfloat16, 2, backward=False)
         assert (plan.bm, plan.bn) == ((1, 8, 8), (1, 16, 8))

@@ -157,7 +157,8 @@ class _Geometry:
         # Tile shapes from the (hinted) lengths; tiles and grids from the real ones (see size_hint).
         spatial = tuple(size_hint(length) for length in self.spatial)
         return make_plan(target, spatial, self.dilation, self.head_dim, self.head_dim_v, dtype, self.ndim,
-                         backward=backward, kernel_volume=math.prod(self.kernel), halo=self.halo, tf32=tf32)
+                         backward=backward, kernel_volume=math.prod(self.kernel), halo=self.halo, tf32=tf32,
+                         kernel=self.kernel, stride=self.stride)
 
 
 def _meta(plan, window: str, ndim: int) -> dict:
@@ -228,11 +229,12 @@ def _backward_spec(q_shape, q_stride, k_shape, k_stride, v_shape, v_stride, go_s
           (*strides, geo.heads, geo.heads // geo.kv_heads, geo.head_dim, geo.head_dim_v,
            *geo.axis_args(), *geo.blocks(plan.bm), q_tiles, scale * LOG2E, scale),
           dict(meta, HAS_DLSE=has_dlse, **_register_cap(plan.dq_registers)))
-    k_tiles = geo.tiles(plan.bn, geo.kv_heads)
+    dk_plan = plan.dkdv or plan
+    k_tiles = geo.tiles(dk_plan.bn, geo.kv_heads)
     dkdv = (plan_grid(target, k_tiles),
             (*strides, geo.heads, geo.kv_heads, geo.heads // geo.kv_heads, geo.head_dim, geo.head_dim_v,
-             *geo.axis_args(), *geo.blocks(plan.bn), k_tiles, scale * LOG2E, scale),
-            dict(meta, **_register_cap(plan.dkdv_registers)))
+             *geo.axis_args(), *geo.blocks(dk_plan.bn), k_tiles, scale * LOG2E, scale),
+            dict(_meta(dk_plan, window, geo.ndim), **_register_cap(dk_plan.dkdv_registers)))
     return dq, dkdv
 
 

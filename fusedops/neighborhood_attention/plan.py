@@ -14,13 +14,14 @@ bm = bn = (1, 1, BLOCK).
 FUSEDOPS_NA_TILES="bm0,bm1,bm2/bn0,bn1,bn2[/warps[/stages]]" overrides the boxes for benchmark sweeps
 (taken as given, only clamped to the group lengths: no budget shrink, no register cap);
 FUSEDOPS_NA_BWD_TILES does the same for the backward kernels only, where "fused/BLOCK[/warps[/stages]]"
-asks for the fused 1-D backward with that block.
+asks for the fused 1-D backward with that block; FUSEDOPS_NA_DKDV_TILES for the dK/dV kernel alone (its
+query box is the one it walks, its key box the one it owns).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import torch
@@ -51,6 +52,17 @@ CUDA_FORWARD = {
 # tiles (k7: 0.72 ms, against 0.82 with these).
 CUDA_IEEE = {64: (32, 32, 4), 128: (16, 32, 4), 256: (16, 16, 8)}
 IEEE_BOXES = {32: {1: (1, 1, 32), 2: (1, 4, 8), 3: (2, 4, 4)}, 16: {1: (1, 1, 16), 2: (1, 4, 4), 3: (2, 2, 4)}}
+# 2-D, 16-bit, heads up to 128 (H100 sweep, bench/NOTES.md run 20): key boxes 16 or 32 rows tall and 2 wide,
+# so a query box's walk over its key rows is the innermost loop (the one Triton pipelines) and covers
+# 8 + kernel - 1 (+ stride - 1) rows with little waste; dK/dV walks 16 x 4 query boxes over an 8 x 8 key box
+# when those rows fit 16, else owns a 16 x 4 key box and walks 8 x 8 query boxes. Per kernel against the
+# 8 x 8 boxes (device us, fwd / dQ / dK/dV): 7x7 D64 35.5 / 37.3 / 47.7 -> 30.8 / 33.6 / 44.5; 7x7 D128
+# 48.5 / 89.2 / 130.1 -> 44.5 / 56.7 / 87.7; 13x13 D128 (4 x 8 boxes) 406 / 811 / 1327 -> 400 / 483 / 824.
+# {rows the query box's keys span at most: (forward key box, dQ key box, dK/dV query box, dK/dV key box)}
+CUDA_2D_TALL = {
+    16: ((1, 16, 2), (1, 16, 2), (1, 16, 4), (1, 8, 8)),
+    32: ((1, 32, 2), (1, 16, 2), (1, 8, 8), (1, 16, 4)),
+}
 # Ascend and the interpreter: fewer, larger tiles (the budget loop shrinks them to fit the UB).
 LARGE_BOXES = {
     1: ((1, 1, 64), (1, 1, 64)),
@@ -98,6 +110,9 @@ class Plan:
     # run 16): k129 fwd+bwd -7% (dQ -18%); in 2-D/3-D its selects cost 3-11%. Not for CUDA's fp32 (ieee)
     # kernels, whose spills it reshuffles: k33 fwd+bwd 7.7 -> 27.5 ms.
     one_compare_mask: bool = False
+    # The dK/dV kernel's own boxes, warps and stages where they differ from the dQ kernel's (bm, bn); its
+    # register cap is its own dkdv_registers.
+    dkdv: Plan | None = None
 
     @property
     def block_m(self) -> int:
@@ -138,13 +153,18 @@ def _fused_footprint(block: int, block_d: int, block_dv: int) -> int:
 
 
 def tiles_override() -> str:
-    """The raw FUSEDOPS_NA_TILES and FUSEDOPS_NA_BWD_TILES values: part of the launch-spec cache key."""
-    return os.environ.get("FUSEDOPS_NA_TILES", "") + "|" + os.environ.get("FUSEDOPS_NA_BWD_TILES", "")
+    """The raw FUSEDOPS_NA_TILES, FUSEDOPS_NA_BWD_TILES and FUSEDOPS_NA_DKDV_TILES values: part of the
+    launch-spec cache key."""
+    return "|".join(os.environ.get(f"FUSEDOPS_NA_{name}TILES", "") for name in ("", "BWD_", "DKDV_"))
 
 
-def _override(backward: bool) -> tuple[tuple[int, ...], tuple[int, ...], int | None, int | None] | None:
-    forward, backward_raw = tiles_override().split("|")
-    raw = (backward_raw if backward and backward_raw.strip() else forward).strip()
+def _override(backward: bool, dkdv: bool = False
+              ) -> tuple[tuple[int, ...], tuple[int, ...], int | None, int | None] | None:
+    forward, backward_raw, dkdv_raw = tiles_override().split("|")
+    if dkdv:
+        raw = dkdv_raw.strip()
+    else:
+        raw = (backward_raw if backward and backward_raw.strip() else forward).strip()
     if not raw:
         return None
     parts = raw.split("/")
@@ -181,11 +201,12 @@ def fused_1d_block(target: Target, halo: int, block_d: int, block_dv: int, dtype
 def make_plan(
     target: Target, spatial: Sequence[int], dilation: Sequence[int], head_dim: int, head_dim_v: int,
     dtype: torch.dtype, ndim: int, *, backward: bool, kernel_volume: int = 0, halo: int | None = None,
-    tf32: bool = False,
+    tf32: bool = False, kernel: Sequence[int] = (1, 1, 1), stride: Sequence[int] = (1, 1, 1),
 ) -> Plan:
-    """spatial/dilation padded to 3 axes; ndim the caller's number of spatial axes; halo (1-D backward)
-    the largest |key - query| distance of any window, which decides the fused 1-D backward; tf32: float32
-    dots may round their inputs to TF32 (fusedops.numerics.tf32_allowed), taken on CUDA GPUs only."""
+    """spatial/dilation (and kernel/stride, which pick the 2-D tiles) padded to 3 axes; ndim the caller's
+    number of spatial axes; halo (1-D backward) the largest |key - query| distance of any window, which
+    decides the fused 1-D backward; tf32: float32 dots may round their inputs to TF32
+    (fusedops.numerics.tf32_allowed), taken on CUDA GPUs only."""
     group_len = [-(-length // d) for length, d in zip(spatial, dilation)]
     block_d = max(MIN_DOT, next_pow2(head_dim))
     block_dv = max(MIN_DOT, next_pow2(head_dim_v))
@@ -197,7 +218,16 @@ def make_plan(
     dot_fp32 = interpreted or dtype == torch.float32
     precision = "tf32" if not dot_fp32 or (tf32 and cuda_gpu) else "ieee"
     warps = stages = None
-    if not cuda_gpu:
+    dkdv_boxes = None
+    # the rows of keys an 8-row query box can need on a 2-D problem's outer axis (or queries an 8-row key box)
+    tall = next((rows for rows in sorted(CUDA_2D_TALL) if 8 + kernel[1] + stride[1] - 2 <= rows), None)
+    tall = tall if cuda_gpu and ndim == 2 and not dot_fp32 and max(block_d, block_dv) <= 128 else None
+    if tall is not None:
+        forward_keys, dq_keys, dkdv_queries, dkdv_keys = CUDA_2D_TALL[tall]
+        bm, bn, warps = [1, 8, 8], list(dq_keys if backward else forward_keys), 4
+        if backward:
+            dkdv_boxes = (dkdv_queries, dkdv_keys)
+    elif not cuda_gpu:
         bm, bn = (list(b) for b in LARGE_BOXES[ndim])
     elif precision == "ieee" and not (ndim == 1 and kernel_volume <= NARROW_WINDOW):
         query, key, warps = next(plan for d, plan in sorted(CUDA_IEEE.items()) if max(block_d, block_dv) <= d)
@@ -236,9 +266,10 @@ def make_plan(
     bm = _clamp(bm, group_len, floor)
     bn = _clamp(bn, group_len, floor)
     # shrink to the on-chip budget, the larger of the two boxes first, along its longest axis (an
-    # override is taken as given: a sweep times exactly the tiles it names, or fails to compile them)
-    while override is None and (_footprint(bm[0] * bm[1] * bm[2], bn[0] * bn[1] * bn[2], block_d, block_dv, backward)
-                                > target.onchip_bytes):
+    # override is taken as given: a sweep times exactly the tiles it names, or fails to compile them; the
+    # measured 2-D tiles are taken as they are)
+    while override is None and tall is None and (
+            _footprint(bm[0] * bm[1] * bm[2], bn[0] * bn[1] * bn[2], block_d, block_dv, backward) > target.onchip_bytes):
         vm, vn = bm[0] * bm[1] * bm[2], bn[0] * bn[1] * bn[2]
         box = bm if vm >= vn else bn
         if box[0] * box[1] * box[2] // 2 < floor:
@@ -253,9 +284,20 @@ def make_plan(
     cap = None
     if backward and cuda_gpu and override is None and not dot_fp32 and warps == 4 and max(block_d, block_dv) <= 128:
         cap = CUDA_BACKWARD_REGISTERS
-    return Plan(bm=tuple(bm), bn=tuple(bn), block_d=block_d, block_dv=block_dv, num_warps=warps, num_stages=stages,
+    if tall is not None and max(block_d, block_dv) > 64:
+        cap = None  # the tall 2-D dQ tiles at D 128: 488 us uncapped, 537 capped (13x13, bench/NOTES.md run 20)
+    plan = Plan(bm=tuple(bm), bn=tuple(bn), block_d=block_d, block_dv=block_dv, num_warps=warps, num_stages=stages,
                 dot_fp32=dot_fp32, precision=precision, dq_registers=cap, dkdv_registers=cap if ndim == 1 else None,
                 one_compare_mask=ndim == 1 and not (cuda_gpu and dot_fp32))
+    dkdv = _override(True, dkdv=True) if backward and not interpreted else None
+    if dkdv is None and dkdv_boxes is not None and override is None:
+        dkdv = (*dkdv_boxes, warps, stages)
+    if dkdv is not None:
+        box_m, box_n, dkdv_warps, dkdv_stages = dkdv
+        plan = replace(plan, dkdv=replace(plan, bm=tuple(_clamp(list(box_m), group_len, floor)),
+                                          bn=tuple(_clamp(list(box_n), group_len, floor)),
+                                          num_warps=dkdv_warps or warps, num_stages=dkdv_stages, dkdv_registers=None))
+    return plan
 
 
 def grid(target: Target, tiles: int) -> int:
