@@ -221,17 +221,20 @@ def test_kernels_many_tiles_small_budget(path, ndim):
         check_case(case)
 
 
+@pytest.mark.parametrize("dk_by_keys", [False, True])
 @pytest.mark.parametrize("ndim, dq_boxes, dkdv_boxes", [
+    (1, ((1, 1, 8), (1, 1, 4)), ((1, 1, 4), (1, 1, 8))),
     (2, ((1, 4, 4), (1, 8, 2)), ((1, 8, 2), (1, 2, 4))),  # the H100's tall-box pattern, at test sizes
     (3, ((2, 2, 2), (2, 2, 2)), ((1, 2, 4), (4, 2, 1))),
 ])
-def test_dkdv_walks_boxes_of_its_own(ndim, dq_boxes, dkdv_boxes):
+def test_dkdv_walks_boxes_of_its_own(ndim, dq_boxes, dkdv_boxes, dk_by_keys):
     """The dK/dV kernel on query and key boxes other than the dQ kernel's (Plan.dkdv, as the H100's 2-D plan
-    has them): gradients still match the oracle, several tiles per axis, GQA, stride, causal axes."""
-    spatial = {2: [9, 7], 3: [4, 5, 6]}[ndim]
+    has them), with dK accumulated either way round (Plan.dk_by_keys, the H100's choice at D 128): gradients
+    match the oracle, several tiles per axis, GQA, stride, causal axes."""
+    spatial = {1: [37], 2: [9, 7], 3: [4, 5, 6]}[ndim]
     case = dict(
-        spatial=spatial, ks={2: [3, 4], 3: [2, 3, 3]}[ndim], dil={2: [1, 1], 3: [2, 1, 1]}[ndim],
-        strd={2: [1, 2], 3: [1, 2, 1]}[ndim], causal={2: [False, True], 3: [True, False, False]}[ndim],
+        spatial=spatial, ks={1: [6], 2: [3, 4], 3: [2, 3, 3]}[ndim], dil={1: [2], 2: [1, 1], 3: [2, 1, 1]}[ndim],
+        strd={1: [3], 2: [1, 2], 3: [1, 2, 1]}[ndim], causal={1: [False], 2: [False, True], 3: [True, False, False]}[ndim],
         window="shifted", batch=1, kv_heads=1, groups=2, head_dim=8, head_dim_v=8, dtype=torch.float32,
         strided=True, scale=None, with_lse_grad=True, seed=ndim,
     )
@@ -241,8 +244,9 @@ def test_dkdv_walks_boxes_of_its_own(ndim, dq_boxes, dkdv_boxes):
         plan = plain(*args, **kwargs)
         if not kwargs["backward"]:
             return plan
-        plan = dataclasses.replace(plan, bm=dq_boxes[0], bn=dq_boxes[1])
-        return dataclasses.replace(plan, dkdv=dataclasses.replace(plan, bm=dkdv_boxes[0], bn=dkdv_boxes[1]))
+        plan = dataclasses.replace(plan, bm=dq_boxes[0], bn=dq_boxes[1], fused=False)
+        return dataclasses.replace(plan, dkdv=dataclasses.replace(plan, bm=dkdv_boxes[0], bn=dkdv_boxes[1],
+                                                                  dk_by_keys=dk_by_keys))
 
     na_op._backward_spec.cache_clear()
     try:
@@ -637,12 +641,19 @@ def test_cuda_2d_tall_key_boxes(spatial, kernel, stride, d, dtype, fwd_keys, dq_
         assert (backward.dkdv.bm, backward.dkdv.bn) == dkdv
         assert forward.bm == backward.bm == (1, 8, 8)
         assert (forward.num_warps, backward.num_warps, backward.dkdv.num_warps) == (4, 4, 4)
+        # register caps: the forward and dQ at D 64 only, dK/dV never (run 20)
+        assert forward.fwd_registers == backward.dq_registers == (168 if d <= 64 else None)
+        assert backward.dkdv.dkdv_registers is None and backward.fwd_registers is None
+        assert backward.dkdv.dk_by_keys == backward.dk_by_keys == (d == 128) and not forward.dk_by_keys
     else:
-        assert backward.dkdv is None
+        assert backward.dkdv is None and forward.fwd_registers is None
     for target in (cuda_target(interpreted=True), ascend_target(interpreted=True)):
         assert plan(target, True).dkdv is None
+    for target in (cuda_target(interpreted=True), ascend_target(interpreted=True)):
+        assert plan(target, False).fwd_registers is None
     with mock.patch.dict(os.environ, {"FUSEDOPS_NA_TILES": "1,8,8/1,8,8/4"}):
         assert plan(_h100(), True).dkdv is None and plan(_h100(), False).bn == (1, 8, 8)
+        assert plan(_h100(), False).fwd_registers is None
 
 
 def test_dkdv_tile_override():

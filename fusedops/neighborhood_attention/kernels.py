@@ -334,10 +334,12 @@ def na_bwd_dkdv_kernel(
     BM0: tl.constexpr, BM1: tl.constexpr, BM2: tl.constexpr,
     BN0: tl.constexpr, BN1: tl.constexpr, BN2: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
+    DK_BY_KEYS: tl.constexpr,
 ):
     """Per key tile (BN box in one dilation group, one kv head): dV_j = sum_i p_ij dO_i and
     dK_j = scale sum_i dS_ij q_i over every query head of the GQA group and every query tile that can
-    see the tile, in a fixed order (bitwise deterministic)."""
+    see the tile, in a fixed order (bitwise deterministic). DK_BY_KEYS accumulates dK as [keys, D] (dS^T q)
+    instead of [D, keys] (q^T dS): the same sums, another register layout (see Plan.dk_by_keys)."""
     qk_scale = tl.cast(qk_scale, tl.float32)  # Inductor passes Python floats as fp64
     scale = tl.cast(scale, tl.float32)
     pid = tl.program_id(0)
@@ -381,7 +383,10 @@ def na_bwd_dkdv_kernel(
             qs1, qe1 = _query_span(jl1, jh1, lg1, K1, ST1, C1, TRUNCATED)
         if NDIM >= 3:
             qs0, qe0 = _query_span(jl0, jh0, lg0, K0, ST0, C0, TRUNCATED)
-        dk = tl.zeros([BLOCK_D, BN0 * BN1 * BN2], tl.float32)
+        if DK_BY_KEYS:
+            dk = tl.zeros([BN0 * BN1 * BN2, BLOCK_D], tl.float32)
+        else:
+            dk = tl.zeros([BLOCK_D, BN0 * BN1 * BN2], tl.float32)
         dv = tl.zeros([BN0 * BN1 * BN2, BLOCK_DV], tl.float32)
         for gh in range(0, G):
             h = hk * G + gh
@@ -438,11 +443,18 @@ def na_bwd_dkdv_kernel(
                                     dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PRECISION)
                                     dp = tl.dot(do, vt, input_precision=PRECISION)
                                     ds = p * (dp - delta[:, None])
-                                    dk += tl.dot(tl.trans(q), ds.to(q.dtype), input_precision=PRECISION)
+                                    if DK_BY_KEYS:
+                                        dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PRECISION)
+                                    else:
+                                        dk += tl.dot(tl.trans(q), ds.to(q.dtype), input_precision=PRECISION)
         flat_k = (b * HKV + hk).to(tl.int64) * S + (pk0 * L1 * L2 + pk1 * L2 + pk2).to(tl.int64)
         dk = dk * scale
-        tl.store(dk_ptr + flat_k[None, :] * D + dq_off[:, None], dk.to(dk_ptr.dtype.element_ty),
-                 mask=col_ok[None, :] & d_mask[:, None])
+        if DK_BY_KEYS:
+            tl.store(dk_ptr + flat_k[:, None] * D + dq_off[None, :], dk.to(dk_ptr.dtype.element_ty),
+                     mask=col_ok[:, None] & d_mask[None, :])
+        else:
+            tl.store(dk_ptr + flat_k[None, :] * D + dq_off[:, None], dk.to(dk_ptr.dtype.element_ty),
+                     mask=col_ok[None, :] & d_mask[:, None])
         tl.store(dv_ptr + flat_k[:, None] * DV + dv_off[None, :], dv.to(dv_ptr.dtype.element_ty),
                  mask=col_ok[:, None] & dv_mask[None, :])
 

@@ -193,7 +193,7 @@ def _forward_spec(q_shape, q_stride, k_shape, k_stride, v_shape, v_stride, dtype
     args = (*_strides(q_stride), *_strides(k_stride), *_strides(v_stride),
             geo.heads, geo.heads // geo.kv_heads, geo.head_dim, geo.head_dim_v,
             *geo.axis_args(), *geo.blocks(plan.bm), tiles, scale * LOG2E)
-    meta = _meta(plan, window, geo.ndim)
+    meta = dict(_meta(plan, window, geo.ndim), **_register_cap(plan.fwd_registers))
     return plan_grid(target, tiles), args, meta
 
 
@@ -234,7 +234,8 @@ def _backward_spec(q_shape, q_stride, k_shape, k_stride, v_shape, v_stride, go_s
     dkdv = (plan_grid(target, k_tiles),
             (*strides, geo.heads, geo.kv_heads, geo.heads // geo.kv_heads, geo.head_dim, geo.head_dim_v,
              *geo.axis_args(), *geo.blocks(dk_plan.bn), k_tiles, scale * LOG2E, scale),
-            dict(_meta(dk_plan, window, geo.ndim), **_register_cap(dk_plan.dkdv_registers)))
+            dict(_meta(dk_plan, window, geo.ndim), DK_BY_KEYS=dk_plan.dk_by_keys,
+                 **_register_cap(dk_plan.dkdv_registers)))
     return dq, dkdv
 
 

@@ -78,13 +78,13 @@ MIN_DOT = 16  # tl.dot on GPUs wants every dim >= 16
 CUDA_FUSED = {64: 16, 128: 14}
 CUDA_FUSED_LAUNCH = (4, 1)  # warps, stages
 CUDA_FUSED_BLOCK = 64
-# The two-kernel backward's per-thread register cap on CUDA (direct launches; torch.compile's launches run
-# uncapped): 168 fits three 4-warp programs on an SM instead of two. H100 sweep of the planner's tiles,
+# The per-thread register cap of the two-kernel backward (and of the tall 2-D forward at D 64) on CUDA (direct
+# launches; torch.compile's launches run uncapped): 168 fits three 4-warp programs on an SM instead of two. H100 sweep of the planner's tiles,
 # bf16 (bench/NOTES.md run 16), device time per kernel uncapped -> capped: dQ k33 D128 176 -> 171 us,
 # 13x13 D128 912 -> 811, 3D 408 -> 384, 2D 7x7 37.9 -> 37.3, k129 61.9 -> 61.8; dK/dV k33 248 -> 226,
 # k129 77.1 -> 68.1, but 2D 7x7 47.5 -> 53.0, 13x13 1315 -> 1541 and 3D 611 -> 622, so dK/dV is capped in
 # 1-D only. Heads wider than 128, fp32 and 2-warp tiles were not measured and run uncapped.
-CUDA_BACKWARD_REGISTERS = 168
+CUDA_REGISTER_CAP = 168
 # Ascend and the interpreter: the smallest block holding 4 x halo rows whose working set fits on chip.
 FUSED_BLOCKS = {"ascend": (64, 128), "interpreter": (16, 32, 64, 128)}
 
@@ -106,6 +106,11 @@ class Plan:
     fused: bool = False  # backward only: the fused 1-D kernel, BLOCK = bm[2] rows per program
     dq_registers: int | None = None  # per-thread register caps of the two backward kernels (CUDA's maxnreg)
     dkdv_registers: int | None = None
+    fwd_registers: int | None = None  # and of the forward
+    # dK accumulated as [keys, D] (dS^T q) rather than [D, keys] (q^T dS) in the dK/dV kernel. H100, bf16 (bench/
+    # NOTES.md run 20), dK/dV us: D 128 k33 221 -> 165, 13x13 821 -> 804, 7x7 87.3 -> 87.0; D 64 k129 69.7 -> 71.3,
+    # 3D 616 -> 626, 7x7 even: CUDA's 16-bit plans with 128-wide heads.
+    dk_by_keys: bool = False
     # The 1-D window mask as one unsigned compare per element (the same mask). H100, bf16 (bench/NOTES.md
     # run 16): k129 fwd+bwd -7% (dQ -18%); in 2-D/3-D its selects cost 3-11%. Not for CUDA's fp32 (ieee)
     # kernels, whose spills it reshuffles: k33 fwd+bwd 7.7 -> 27.5 ms.
@@ -283,12 +288,17 @@ def make_plan(
         warps = 4 if bm[0] * bm[1] * bm[2] * bn[0] * bn[1] * bn[2] <= 64 * 64 else 8
     cap = None
     if backward and cuda_gpu and override is None and not dot_fp32 and warps == 4 and max(block_d, block_dv) <= 128:
-        cap = CUDA_BACKWARD_REGISTERS
+        cap = CUDA_REGISTER_CAP
     if tall is not None and max(block_d, block_dv) > 64:
         cap = None  # the tall 2-D dQ tiles at D 128: 488 us uncapped, 537 capped (13x13, bench/NOTES.md run 20)
+    # The tall 2-D forward at D 64 under the same cap (three programs per SM instead of two): 3x3-11x11 -2.1 to
+    # -3.6 us, 7x7 31.3 -> 27.7; at D 128 it costs up to 32% (13x13), bench/NOTES.md run 20.
+    fwd_cap = CUDA_REGISTER_CAP if tall is not None and not backward and override is None and max(
+        block_d, block_dv) <= 64 else None
     plan = Plan(bm=tuple(bm), bn=tuple(bn), block_d=block_d, block_dv=block_dv, num_warps=warps, num_stages=stages,
                 dot_fp32=dot_fp32, precision=precision, dq_registers=cap, dkdv_registers=cap if ndim == 1 else None,
-                one_compare_mask=ndim == 1 and not (cuda_gpu and dot_fp32))
+                fwd_registers=fwd_cap, one_compare_mask=ndim == 1 and not (cuda_gpu and dot_fp32),
+                dk_by_keys=backward and cuda_gpu and not dot_fp32 and block_d == 128)
     dkdv = _override(True, dkdv=True) if backward and not interpreted else None
     if dkdv is None and dkdv_boxes is not None and override is None:
         dkdv = (*dkdv_boxes, warps, stages)
