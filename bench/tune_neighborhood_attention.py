@@ -58,6 +58,20 @@ def _name(spatial, d, kernel) -> str:
     return f"{'x'.join(map(str, spatial))} D{d} k{'x'.join(map(str, kernel))}"
 
 
+def _step(b, h, spatial, d, kernel):
+    """One fwd+bwd step of a case (its own inputs and output gradient)."""
+    q, k, v = _inputs(b, h, spatial, d)
+    go = torch.randn_like(q)
+    return lambda: torch.autograd.grad(fusedops.neighborhood_attention(q, k, v, list(kernel)), (q, k, v), go)
+
+
+def _per_kernel(step) -> str:
+    """Device us of the step in all and per kernel."""
+    times = gpu_kernel_times_us(step)
+    parts = "  ".join(f"{name.split('_kernel')[0]} {us:7.1f}" for name, us in sorted(times.items()) if us > 1)
+    return f"total {sum(times.values()):8.1f} us  {parts}"
+
+
 def forward_sweep() -> None:
     for b, h, spatial, d, kernel in CASES:
         q, k, v = _inputs(b, h, spatial, d, grad=False)
@@ -153,11 +167,7 @@ def registers_sweep() -> None:
 
     tile_kernels = (na_fwd_kernel, na_bwd_dq_kernel, na_bwd_dkdv_kernel)
     for b, h, spatial, d, kernel in selected_cases():
-        q, k, v = _inputs(b, h, spatial, d)
-        go = torch.randn_like(q)
-
-        def step():
-            return torch.autograd.grad(fusedops.neighborhood_attention(q, k, v, list(kernel)), (q, k, v), go)
+        step = _step(b, h, spatial, d, kernel)
 
         expected = None
         for cap in ("planner", 0, 224, 192, 168, 128):
@@ -165,10 +175,8 @@ def registers_sweep() -> None:
             grads = step()
             expected = grads if expected is None else expected
             err = _max_rel_diff(grads, expected)
-            times = gpu_kernel_times_us(step)
-            parts = "  ".join(f"{name.split('_kernel')[0]} {us:7.1f}" for name, us in sorted(times.items()) if us > 1)
-            print(f"{_name(spatial, d, kernel)} registers {cap or 'uncapped'!s:8s} total {sum(times.values()):8.1f} us"
-                  f"  {parts}  max rel diff {err:.1e}", flush=True)
+            print(f"{_name(spatial, d, kernel)} registers {cap or 'uncapped'!s:8s} {_per_kernel(step)}"
+                  f"  max rel diff {err:.1e}", flush=True)
         _cap_registers({})
 
 
@@ -178,11 +186,7 @@ def fused_sweep() -> None:
     from fusedops.neighborhood_attention.kernels import na_bwd_fused_1d_kernel
 
     for b, h, spatial, d, kernel in selected_cases(FUSED_CASES):
-        q, k, v = _inputs(b, h, spatial, d)
-        go = torch.randn_like(q)
-
-        def step():
-            return torch.autograd.grad(fusedops.neighborhood_attention(q, k, v, list(kernel)), (q, k, v), go)
+        step = _step(b, h, spatial, d, kernel)
 
         expected = None
         for variant in os.environ.get("TUNE_FUSED_VARIANTS", "").split() or FUSED_VARIANTS:
@@ -216,11 +220,7 @@ def boxes_sweep() -> None:
     """Device us per kernel of one fwd+bwd step for each tiles|dkdv setting (TUNE_VARIANTS, space-separated,
     or BOX_VARIANTS), gradients checked against the planner's."""
     for b, h, spatial, d, kernel in selected_cases(BOX_CASES):
-        q, k, v = _inputs(b, h, spatial, d)
-        go = torch.randn_like(q)
-
-        def step():
-            return torch.autograd.grad(fusedops.neighborhood_attention(q, k, v, list(kernel)), (q, k, v), go)
+        step = _step(b, h, spatial, d, kernel)
 
         expected = None
         for variant in os.environ.get("TUNE_VARIANTS", "").split() or BOX_VARIANTS:
@@ -231,10 +231,8 @@ def boxes_sweep() -> None:
                 grads = step()
                 expected = grads if expected is None else expected
                 err = _max_rel_diff(grads, expected)
-                times = gpu_kernel_times_us(step)
-                parts = "  ".join(f"{n.split('_kernel')[0]} {us:7.1f}" for n, us in sorted(times.items()) if us > 1)
-                print(f"{_name(spatial, d, kernel)} {variant or '(planner)':32s} total {sum(times.values()):8.1f} us"
-                      f"  {parts}  max rel diff {err:.1e}", flush=True)
+                print(f"{_name(spatial, d, kernel)} {variant or '(planner)':32s} {_per_kernel(step)}"
+                      f"  max rel diff {err:.1e}", flush=True)
             except Exception as e:  # noqa: BLE001
                 print(f"{_name(spatial, d, kernel)} {variant}: {type(e).__name__}: {str(e)[:160]}", flush=True)
         os.environ.pop("FUSEDOPS_NA_TILES", None)
@@ -264,11 +262,7 @@ def main() -> None:
         boxes_sweep()
         return
     for b, h, spatial, d, kernel in selected_cases():
-        q, k, v = _inputs(b, h, spatial, d)
-        go = torch.randn_like(q)
-
-        def step():
-            return torch.autograd.grad(fusedops.neighborhood_attention(q, k, v, list(kernel)), (q, k, v), go)
+        step = _step(b, h, spatial, d, kernel)
 
         # TUNE_PLANNER_ONLY=1: the planner's tiles only (a kernel change, not a plan change, is measured)
         for tiles in [""] if os.environ.get("TUNE_PLANNER_ONLY") == "1" else VARIANTS[len(spatial)]:
