@@ -234,7 +234,8 @@ def test_dkdv_walks_boxes_of_its_own(ndim, dq_boxes, dkdv_boxes, dk_by_keys):
     spatial = {1: [37], 2: [9, 7], 3: [4, 5, 6]}[ndim]
     case = dict(
         spatial=spatial, ks={1: [6], 2: [3, 4], 3: [2, 3, 3]}[ndim], dil={1: [2], 2: [1, 1], 3: [2, 1, 1]}[ndim],
-        strd={1: [3], 2: [1, 2], 3: [1, 2, 1]}[ndim], causal={1: [False], 2: [False, True], 3: [True, False, False]}[ndim],
+        strd={1: [3], 2: [1, 2], 3: [1, 2, 1]}[ndim],
+        causal={1: [False], 2: [False, True], 3: [True, False, False]}[ndim],
         window="shifted", batch=1, kv_heads=1, groups=2, head_dim=8, head_dim_v=8, dtype=torch.float32,
         strided=True, scale=None, with_lse_grad=True, seed=ndim,
     )

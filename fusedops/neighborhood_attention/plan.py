@@ -79,11 +79,12 @@ CUDA_FUSED = {64: 16, 128: 14}
 CUDA_FUSED_LAUNCH = (4, 1)  # warps, stages
 CUDA_FUSED_BLOCK = 64
 # The per-thread register cap of the two-kernel backward (and of the tall 2-D forward at D 64) on CUDA (direct
-# launches; torch.compile's launches run uncapped): 168 fits three 4-warp programs on an SM instead of two. H100 sweep of the planner's tiles,
-# bf16 (bench/NOTES.md run 16), device time per kernel uncapped -> capped: dQ k33 D128 176 -> 171 us,
-# 13x13 D128 912 -> 811, 3D 408 -> 384, 2D 7x7 37.9 -> 37.3, k129 61.9 -> 61.8; dK/dV k33 248 -> 226,
-# k129 77.1 -> 68.1, but 2D 7x7 47.5 -> 53.0, 13x13 1315 -> 1541 and 3D 611 -> 622, so dK/dV is capped in
-# 1-D only. Heads wider than 128, fp32 and 2-warp tiles were not measured and run uncapped.
+# launches; torch.compile's launches run uncapped): 168 fits three 4-warp programs on an SM instead of two.
+# H100 sweep of the planner's tiles, bf16 (bench/NOTES.md run 16), device time per kernel uncapped -> capped:
+# dQ k33 D128 176 -> 171 us, 13x13 D128 912 -> 811, 3D 408 -> 384, 2D 7x7 37.9 -> 37.3, k129 61.9 -> 61.8;
+# dK/dV k33 248 -> 226, k129 77.1 -> 68.1, but 2D 7x7 47.5 -> 53.0, 13x13 1315 -> 1541 and 3D 611 -> 622, so
+# dK/dV is capped in 1-D only (run 20: the tall 2-D plans' dK/dV loses under every cap too). Heads wider than
+# 128, fp32 and 2-warp tiles were not measured and run uncapped.
 CUDA_REGISTER_CAP = 168
 # Ascend and the interpreter: the smallest block holding 4 x halo rows whose working set fits on chip.
 FUSED_BLOCKS = {"ascend": (64, 128), "interpreter": (16, 32, 64, 128)}
@@ -273,8 +274,8 @@ def make_plan(
     # shrink to the on-chip budget, the larger of the two boxes first, along its longest axis (an
     # override is taken as given: a sweep times exactly the tiles it names, or fails to compile them; the
     # measured 2-D tiles are taken as they are)
-    while override is None and tall is None and (
-            _footprint(bm[0] * bm[1] * bm[2], bn[0] * bn[1] * bn[2], block_d, block_dv, backward) > target.onchip_bytes):
+    while override is None and tall is None and _footprint(
+            bm[0] * bm[1] * bm[2], bn[0] * bn[1] * bn[2], block_d, block_dv, backward) > target.onchip_bytes:
         vm, vn = bm[0] * bm[1] * bm[2], bn[0] * bn[1] * bn[2]
         box = bm if vm >= vn else bn
         if box[0] * box[1] * box[2] // 2 < floor:
