@@ -59,6 +59,7 @@ IEEE_BOXES = {32: {1: (1, 1, 32), 2: (1, 4, 8), 3: (2, 4, 4)}, 16: {1: (1, 1, 16
 # 8 x 8 boxes (device us, fwd / dQ / dK/dV): 7x7 D64 35.5 / 37.3 / 47.7 -> 30.8 / 33.6 / 44.5; 7x7 D128
 # 48.5 / 89.2 / 130.1 -> 44.5 / 56.7 / 87.7; 13x13 D128 (4 x 8 boxes) 406 / 811 / 1327 -> 400 / 483 / 824.
 # {rows the query box's keys span at most: (forward key box, dQ key box, dK/dV query box, dK/dV key box)}
+CUDA_2D_QUERY_BOX = (1, 8, 8)
 CUDA_2D_TALL = {
     16: ((1, 16, 2), (1, 16, 2), (1, 16, 4), (1, 8, 8)),
     32: ((1, 32, 2), (1, 16, 2), (1, 8, 8), (1, 16, 4)),
@@ -226,11 +227,12 @@ def make_plan(
     warps = stages = None
     dkdv_boxes = None
     # the rows of keys an 8-row query box can need on a 2-D problem's outer axis (or queries an 8-row key box)
-    tall = next((rows for rows in sorted(CUDA_2D_TALL) if 8 + kernel[1] + stride[1] - 2 <= rows), None)
+    span = CUDA_2D_QUERY_BOX[1] + kernel[1] + stride[1] - 2
+    tall = next((rows for rows in sorted(CUDA_2D_TALL) if span <= rows), None)
     tall = tall if cuda_gpu and ndim == 2 and not dot_fp32 and max(block_d, block_dv) <= 128 else None
     if tall is not None:
         forward_keys, dq_keys, dkdv_queries, dkdv_keys = CUDA_2D_TALL[tall]
-        bm, bn, warps = [1, 8, 8], list(dq_keys if backward else forward_keys), 4
+        bm, bn, warps = list(CUDA_2D_QUERY_BOX), list(dq_keys if backward else forward_keys), 4
         if backward:
             dkdv_boxes = (dkdv_queries, dkdv_keys)
     elif not cuda_gpu:
