@@ -4,7 +4,8 @@ cases by kernel); TUNE_FORWARD=1: the forward kernel alone per FUSEDOPS_NA_TILES
 benchmark's cases; TUNE_STAGES=1: the planner's tiles at each pipelining depth; TUNE_REGISTERS=1: the
 planner's tiles under register caps, per kernel; TUNE_FUSED=1: the fused 1-D backward's blocks against the
 two-kernel backward on narrow windows; TUNE_BOXES=1: box settings of the forward/dQ and of the dK/dV kernel on 2-D cases
-(TUNE_VARIANTS or BOX_VARIANTS), device us per kernel of one fwd+bwd step. A plan change is backed by a measurement.
+(TUNE_VARIANTS or BOX_VARIANTS), device us per kernel of one fwd+bwd step; TUNE_CAPS=1: per-kernel register caps,
+constexprs and tiles together (TUNE_VARIANTS or CAP_VARIANTS). A plan change is backed by a measurement.
 Usage: python -m bench.tune_neighborhood_attention"""
 
 from __future__ import annotations
@@ -142,9 +143,9 @@ def _max_rel_diff(grads, expected) -> float:
                for a, e in zip(grads, expected))
 
 
-def _cap_registers(caps: dict) -> None:
+def _cap_registers(caps: dict, flags: dict | None = None) -> None:
     """Launch the kernels in caps with that per-thread register cap (0: uncapped, whatever the plan
-    says); the others as planned."""
+    says), and the kernels in flags with those constexprs set; the others as planned."""
     from fusedops.neighborhood_attention import op
 
     plain = getattr(op, "_plain_launch", op.launch)
@@ -155,6 +156,7 @@ def _cap_registers(caps: dict) -> None:
             meta = {k: v for k, v in meta.items() if k != "maxnreg"}
             if caps[kernel]:
                 meta["maxnreg"] = caps[kernel]
+        meta = dict(meta, **(flags or {}).get(kernel, {}))
         plain(kernel, grid, tensors, scalars, meta)
 
     op.launch = capped
@@ -177,6 +179,52 @@ def registers_sweep() -> None:
             err = _max_rel_diff(grads, expected)
             print(f"{_name(spatial, d, kernel)} registers {cap or 'uncapped'!s:8s} {_per_kernel(step)}"
                   f"  max rel diff {err:.1e}", flush=True)
+        _cap_registers({})
+
+
+# "caps;tiles|dkdv": per-kernel register caps "kernel=cap,..." (fwd, dq, dkdv; 0 = uncapped) or constexprs
+# "kernel.NAME=int", then optional FUSEDOPS_NA_TILES | FUSEDOPS_NA_DKDV_TILES values (the caps apply to them too).
+# 128 registers fit four 4-warp programs per SM where the tiles' shared memory allows it.
+CAP_VARIANTS = ["planner", "fwd=128", "dq=128", "fwd=128,dq=128", "fwd=144,dq=144"]
+CAP_CASES = [(2, 16, (8192,), 128, (33,)), (1, 8, (16384,), 64, (129,)), (1, 16, (16, 32, 32), 64, (7, 7, 7)),
+             (1, 24, (128, 128), 128, (13, 13)), (1, 16, (64, 64), 128, (7, 7))] + [
+    (1, 16, (64, 64), 64, (k, k)) for k in (3, 5, 7, 9, 11)]
+
+
+def caps_sweep() -> None:
+    """Device us per kernel of one fwd+bwd step for each cap/constexpr/tile setting (TUNE_VARIANTS,
+    space-separated, or CAP_VARIANTS), gradients checked against the first setting's."""
+    from fusedops.neighborhood_attention.kernels import na_bwd_dkdv_kernel, na_bwd_dq_kernel, na_fwd_kernel
+
+    kernels = {"fwd": na_fwd_kernel, "dq": na_bwd_dq_kernel, "dkdv": na_bwd_dkdv_kernel}
+    for b, h, spatial, d, kernel in selected_cases(CAP_CASES):
+        step = _step(b, h, spatial, d, kernel)
+
+        expected = None
+        for variant in os.environ.get("TUNE_VARIANTS", "").split() or CAP_VARIANTS:
+            settings, _, boxes = ("" if variant == "planner" else variant).partition(";")
+            caps, flags = {}, {}
+            for token in filter(None, settings.split(",")):
+                name, value = token.split("=")
+                name, _, constexpr = name.partition(".")
+                if constexpr:
+                    flags.setdefault(kernels[name], {})[constexpr] = int(value)
+                else:
+                    caps[kernels[name]] = int(value)
+            _cap_registers(caps, flags)
+            tiles, _, dkdv = boxes.partition("|")
+            os.environ["FUSEDOPS_NA_TILES"] = tiles
+            os.environ["FUSEDOPS_NA_DKDV_TILES"] = dkdv
+            try:
+                grads = step()
+                expected = grads if expected is None else expected
+                err = _max_rel_diff(grads, expected)
+                print(f"{_name(spatial, d, kernel)} {variant:24s} {_per_kernel(step)}  max rel diff {err:.1e}",
+                      flush=True)
+            except Exception as e:  # noqa: BLE001
+                print(f"{_name(spatial, d, kernel)} {variant}: {type(e).__name__}: {str(e)[:160]}", flush=True)
+        os.environ.pop("FUSEDOPS_NA_TILES", None)
+        os.environ.pop("FUSEDOPS_NA_DKDV_TILES", None)
         _cap_registers({})
 
 
@@ -260,6 +308,9 @@ def main() -> None:
         return
     if os.environ.get("TUNE_BOXES") == "1":
         boxes_sweep()
+        return
+    if os.environ.get("TUNE_CAPS") == "1":
+        caps_sweep()
         return
     for b, h, spatial, d, kernel in selected_cases():
         step = _step(b, h, spatial, d, kernel)

@@ -87,6 +87,12 @@ CUDA_FUSED_BLOCK = 64
 # dK/dV is capped in 1-D only (run 20: the tall 2-D plans' dK/dV loses under every cap too). Heads wider than
 # 128, fp32 and 2-warp tiles were not measured and run uncapped.
 CUDA_REGISTER_CAP = 168
+# The tall 2-D plan's forward and dQ at D 64 fit 128 registers (24 / 56 bytes of stack on sm_90) and 32 / 40 KB
+# of shared memory: four programs per SM, so 1024 programs run in two waves instead of three (or four).
+# H100 (bench/NOTES.md run 22), device us per kernel, 168 -> 128: forward 3x3 23.1 -> 20.8, 7x7 27.8 -> 25.2,
+# 9x9 29.3 -> 27.4, 11x11 (32-row key boxes) 49.9 -> 50.7; dQ 3x3 25.6 -> 24.0, 7x7 30.1 -> 27.7, 11x11
+# 48.7 -> 47.1. The 3-D forward and dQ lose 20-65% at 128 (spills), k129's dQ 6%.
+CUDA_2D_NARROW_CAP = 128
 # Ascend and the interpreter: the smallest block holding 4 x halo rows whose working set fits on chip.
 FUSED_BLOCKS = {"ascend": (64, 128), "interpreter": (16, 32, 64, 128)}
 
@@ -294,10 +300,14 @@ def make_plan(
         cap = CUDA_REGISTER_CAP
     if tall is not None and max(block_d, block_dv) > 64:
         cap = None  # the tall 2-D dQ tiles at D 128: 488 us uncapped, 537 capped (13x13, bench/NOTES.md run 20)
-    # The tall 2-D forward at D 64 under the same cap (three programs per SM instead of two): 3x3-11x11 -2.1 to
-    # -3.6 us, 7x7 31.3 -> 27.7; at D 128 it costs up to 32% (13x13), bench/NOTES.md run 20.
-    fwd_cap = CUDA_REGISTER_CAP if tall is not None and not backward and override is None and max(
-        block_d, block_dv) <= 64 else None
+    elif tall is not None and cap is not None:
+        cap = CUDA_2D_NARROW_CAP
+    # The tall 2-D forward at D 64 capped (uncapped it holds 188 registers, two programs per SM): 128 with
+    # 16-row key boxes, 168 with 32-row ones (run 22: 128 gains nothing there); at D 128 any cap costs up to
+    # 32% (13x13, bench/NOTES.md run 20).
+    fwd_cap = None
+    if tall is not None and not backward and override is None and max(block_d, block_dv) <= 64:
+        fwd_cap = CUDA_2D_NARROW_CAP if tall <= 16 else CUDA_REGISTER_CAP
     plan = Plan(bm=tuple(bm), bn=tuple(bn), block_d=block_d, block_dv=block_dv, num_warps=warps, num_stages=stages,
                 dot_fp32=dot_fp32, precision=precision, dq_registers=cap, dkdv_registers=cap if ndim == 1 else None,
                 fwd_registers=fwd_cap, one_compare_mask=ndim == 1 and not (cuda_gpu and dot_fp32),
