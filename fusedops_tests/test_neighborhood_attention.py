@@ -19,9 +19,9 @@ import triton.language as tl
 import fusedops
 from fusedops.neighborhood_attention import op as na_op
 from fusedops.neighborhood_attention import reference
-from fusedops.neighborhood_attention.kernels import _query_span
+from fusedops.neighborhood_attention.kernels import _box, _cell_bits, _neighbours, _query_span, _window_bits
 from fusedops.neighborhood_attention.op import reach
-from fusedops.neighborhood_attention.plan import fused_1d_block, make_plan
+from fusedops.neighborhood_attention.plan import fused_1d_block, make_plan, mask_bits_fit
 from fusedops.numerics import tf32_allowed
 from fusedops.targets import Target, ascend_target, cuda_target
 
@@ -383,6 +383,47 @@ def test_backward_query_span_is_exact(window):
     _query_span_probe[(1,)](*cols, out, len(rows), TRUNCATED=window == "truncated", BLOCK=4096)
     for row, (first, last), expected in zip(rows, out.tolist(), want):
         assert (first, last) == expected if expected else first > last, (row, first, last, expected)
+
+
+@triton.jit
+def _mask_probe(lo_ptr, hi_ptr, row_ok_ptr, bits_ptr, compares_ptr, j0, j1, j2, NDIM: tl.constexpr,
+                BM: tl.constexpr, BN0: tl.constexpr, BN1: tl.constexpr, BN2: tl.constexpr):
+    r = tl.arange(0, BM)
+    row_ok = tl.load(row_ok_ptr + r) != 0
+    lo0, lo1, lo2 = tl.load(lo_ptr + 3 * r), tl.load(lo_ptr + 3 * r + 1), tl.load(lo_ptr + 3 * r + 2)
+    hi0, hi1, hi2 = tl.load(hi_ptr + 3 * r), tl.load(hi_ptr + 3 * r + 1), tl.load(hi_ptr + 3 * r + 2)
+    c0, c1, c2 = _box(BN0, BN1, BN2)
+    cells = r[:, None] * (BN0 * BN1 * BN2) + tl.arange(0, BN0 * BN1 * BN2)[None, :]
+    compares = _neighbours(row_ok, c2 >= 0, j0 + c0, j1 + c1, j2 + c2, lo0, hi0, lo1, hi1, lo2, hi2, NDIM, False)
+    m = _window_bits(row_ok, lo0 - j0, hi0 - j0, lo1 - j1, hi1 - j1, lo2 - j2, hi2 - j2, BN0, BN1, BN2, NDIM)
+    bits = ((~m)[:, None] & _cell_bits(c0, c1, c2, BN1, BN2, NDIM)[None, :]) == 0
+    tl.store(compares_ptr + cells, compares.to(tl.int8))
+    tl.store(bits_ptr + cells, bits.to(tl.int8))
+
+
+@pytest.mark.interpreter
+@pytest.mark.ascend
+@pytest.mark.parametrize("ndim, box", [(2, (1, 16, 2)), (2, (1, 8, 8)), (2, (1, 16, 4)), (2, (1, 4, 16)),
+                                       (3, (2, 4, 8)), (3, (4, 4, 8))])
+def test_window_bit_sets_match_the_compares(ndim, box):
+    """The bit-set window mask (Plan.mask_bits: per-row fields over the key box, one AND per element) equals
+    the per-axis interval compares for windows that start before, inside or after the box, end likewise,
+    are empty, or belong to rows outside the tile, at key boxes anywhere on the axis."""
+    if not INTERPRETER:
+        pytest.skip("needs TRITON_INTERPRET=1")
+    gen = torch.Generator().manual_seed(sum(box) + ndim)
+    rows = 64
+    for j in ((0, 0, 0), (3, 17, 40), (1, 2, 5)):
+        origin = torch.tensor(j)
+        lo = origin + torch.randint(-6, max(box) + 6, (rows, 3), generator=gen)
+        hi = lo + torch.randint(-2, max(box) + 8, (rows, 3), generator=gen)
+        row_ok = (torch.rand(rows, generator=gen) > 0.15).to(torch.int32)
+        lo, hi = lo.to(torch.int32).contiguous(), hi.to(torch.int32).contiguous()
+        bits = torch.full((rows, math.prod(box)), 7, dtype=torch.int8)
+        compares = torch.full_like(bits, 7)
+        _mask_probe[(1,)](lo, hi, row_ok, bits, compares, *j, NDIM=ndim, BM=rows, BN0=box[0], BN1=box[1], BN2=box[2])
+        assert compares.max() <= 1 and 0 < int(compares.sum()) < compares.numel()  # both outcomes occur
+        assert torch.equal(bits, compares), (j, box)
 
 
 def test_2d_neighborhood_is_the_product_of_axes():
@@ -754,6 +795,74 @@ def test_one_compare_mask_plan(ndim, dtype, h100, interpreted_cuda, interpreted_
         assert one_compare(_h100(), backward) == h100
         assert one_compare(cuda_target(interpreted=True), backward) == interpreted_cuda
         assert one_compare(ascend_target(interpreted=True), backward) == interpreted_ascend
+
+
+@pytest.mark.parametrize("spatial, kernel, d, dtype, fwd, dq, dkdv, walk_tests", [
+    ([64, 64], (7, 7), 64, torch.bfloat16, True, False, True, False),  # the 16-row tall plan at D 64
+    ([64, 64], (3, 3), 64, torch.float16, True, False, True, False),
+    ([64, 64], (7, 7), 128, torch.bfloat16, True, False, True, True),  # D 128: the unguarded walk spills
+    ([128, 128], (13, 13), 128, torch.bfloat16, False, False, False, True),  # 32-row tall plan
+    ([16, 32, 32], (7, 7, 7), 64, torch.bfloat16, False, True, True, True),
+    ([16, 32, 32], (7, 7, 7), 128, torch.bfloat16, False, False, False, True),  # not measured
+    ([64, 64], (7, 7), 64, torch.float32, False, False, False, True),  # fp32 (ieee tiles): not measured
+    ([8192], (33,), 128, torch.bfloat16, False, False, False, True),  # 1-D: the one-compare mask
+])
+def test_window_mask_plan(spatial, kernel, d, dtype, fwd, dq, dkdv, walk_tests):
+    """Where the H100 plans take the bit-set window mask and the dK/dV walk without its chunk tests
+    (bench/NOTES.md run 25, MASK_BITS_WIDTH in plan.py); the interpreter's CUDA plan takes both wherever the
+    key box fits (so the CPU CI runs them), the Ascend plan neither (so it runs the compares and the tests)."""
+    ndim = len(spatial)
+    pad = [1] * (3 - ndim)
+
+    def plans(target):
+        return tuple(make_plan(target, pad + spatial, [1, 1, 1], d, d, dtype, ndim, backward=backward,
+                               kernel_volume=math.prod(kernel), kernel=pad + list(kernel)) for backward in (False, True))
+
+    forward, backward = plans(_h100())
+    dkdv_plan = backward.dkdv or backward
+    assert (forward.mask_bits, backward.mask_bits, dkdv_plan.mask_bits, dkdv_plan.walk_tests) == (
+        fwd, dq, dkdv, walk_tests)
+    forward, backward = plans(cuda_target(interpreted=True))
+    dkdv_plan = backward.dkdv or backward
+    fits = [mask_bits_fit(plan.bn, ndim) for plan in (forward, backward, dkdv_plan)]
+    assert [forward.mask_bits, backward.mask_bits, dkdv_plan.mask_bits] == fits and not dkdv_plan.walk_tests
+    assert any(fits) == (ndim > 1)
+    forward, backward = plans(ascend_target(interpreted=True))
+    assert not (forward.mask_bits or backward.mask_bits) and backward.walk_tests and backward.dkdv is None
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+@pytest.mark.parametrize("mask_bits, walk_tests", [(True, True), (False, False)])
+@pytest.mark.parametrize("ndim", [2, 3])
+def test_window_mask_variants_match_oracle(path, ndim, mask_bits, walk_tests):
+    """Each kernel with the window mask and the dK/dV walk the other way from what its plan picks under the
+    interpreter (the CUDA plan: bit sets, no chunk tests; the Ascend plan: compares, tests), so both forms run
+    on both plans, in both interpreters (triton-ascend's too), with several tiles per axis."""
+    spatial = {2: [9, 7], 3: [4, 5, 6]}[ndim]
+    case = dict(
+        spatial=spatial, ks={2: [3, 4], 3: [2, 3, 3]}[ndim], dil={2: [2, 1], 3: [2, 1, 1]}[ndim],
+        strd={2: [1, 2], 3: [1, 2, 1]}[ndim], causal={2: [False, True], 3: [True, False, False]}[ndim],
+        window="shifted", batch=1, kv_heads=1, groups=2, head_dim=8, head_dim_v=8, dtype=torch.float32,
+        strided=True, scale=None, with_lse_grad=True, seed=ndim,
+    )
+    plain = make_plan
+
+    def forced(*args, **kwargs):
+        plan = plain(*args, **kwargs)
+        plan = dataclasses.replace(plan, mask_bits=mask_bits and mask_bits_fit(plan.bn, ndim), walk_tests=walk_tests)
+        if plan.dkdv is not None:
+            plan = dataclasses.replace(plan, dkdv=dataclasses.replace(
+                plan.dkdv, mask_bits=mask_bits and mask_bits_fit(plan.dkdv.bn, ndim), walk_tests=walk_tests))
+        return plan
+
+    na_op._forward_spec.cache_clear()
+    na_op._backward_spec.cache_clear()
+    try:
+        with execution_path(path, onchip_bytes=12 * 1024), mock.patch.object(na_op, "make_plan", forced):
+            check_case(case)
+    finally:
+        na_op._forward_spec.cache_clear()
+        na_op._backward_spec.cache_clear()
 
 
 @pytest.mark.parametrize("spatial, kernel, d, bm, bn, warps", [

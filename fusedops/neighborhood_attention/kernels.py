@@ -6,10 +6,12 @@ BLOCK_M = BM0*BM1*BM2 rows) taken inside ONE dilation group per axis, so a tile 
 and the neighbourhood test is plain interval arithmetic on within-group coordinates:
     original position = within-group index * dilation + group.
 A query tile walks only the key boxes (BN0 x BN1 x BN2) that cover the union of its rows' windows,
-masks per element, and keeps an online softmax in base 2. The backward walks, for each key tile,
+masks per element (per-axis interval compares, or in 2-D/3-D one AND of per-row bit sets over the key
+box: _window_bits), and keeps an online softmax in base 2. The backward walks, for each key tile,
 exactly the queries whose windows reach it (per axis, the closed-form inverse of the monotone
-window ends; each query chunk also skipped by an interval test), accumulating dK/dV in
-registers over all query heads of its GQA group: no atomics. A 1-D problem with a narrow window
+window ends; each query chunk also tested against the box, a test the exact spans make redundant
+and the plan may drop: WALK_TESTS), accumulating dK/dV in registers over all query heads of its GQA
+group: no atomics. A 1-D problem with a narrow window
 takes one fused backward kernel instead (na_bwd_fused_1d_kernel: owned rows plus a halo).
 
 All tensor offsets are int64; q/k/v/grad_out are read through their own (batch, head, axis) strides,
@@ -123,6 +125,42 @@ def _neighbours(row_ok, col_ok, j0, j1, j2, lo0, hi0, lo1, hi1, lo2, hi2, NDIM: 
 
 
 @triton.jit
+def _span_bits(lo, hi, W: tl.constexpr):
+    """Bits lo..hi of a W-bit field (W <= 30), clipped to the field; 0 where nothing is left. int32."""
+    a = tl.maximum(lo, 0)
+    b = tl.minimum(hi, W - 1)
+    bits = (2 << tl.maximum(b, 0)) - (1 << tl.minimum(a, W - 1))
+    return tl.where(a <= b, bits, 0)
+
+
+@triton.jit
+def _window_bits(row_ok, lo0, hi0, lo1, hi1, lo2, hi2, BN0: tl.constexpr, BN1: tl.constexpr, BN2: tl.constexpr,
+                 NDIM: tl.constexpr):
+    """Per query row, which cells of a key box its window holds, as one int32 bit set per row: a field
+    per axis (axis 2's BN2 bits from bit 0, then axis 1's BN1, then axis 0's BN0), bit c of a field set
+    when the box's c-th position on that axis lies in the window. lo/hi are relative to the box's first
+    cell. Rows outside the tile hold no bits."""
+    tl.static_assert(NDIM >= 2, "1-D plans test the window with one compare (ONE_COMPARE)")
+    m = _span_bits(lo2, hi2, BN2) | (_span_bits(lo1, hi1, BN1) << BN2)
+    if NDIM >= 3:
+        tl.static_assert(BN0 + BN1 + BN2 <= 31, "the bit set is one int32")
+        m = m | (_span_bits(lo0, hi0, BN0) << (BN1 + BN2))
+    else:
+        tl.static_assert(BN1 + BN2 <= 31, "the bit set is one int32")
+    return tl.where(row_ok, m, 0)
+
+
+@triton.jit
+def _cell_bits(c0, c1, c2, BN1: tl.constexpr, BN2: tl.constexpr, NDIM: tl.constexpr):
+    """Per key-box cell, its bit in each field of _window_bits: a cell is in a row's window when the
+    row's bit set holds all of them (the mask is ((~row_bits) & cell_bits) == 0: one AND per element)."""
+    bits = (1 << c2) | (1 << (BN2 + c1))
+    if NDIM >= 3:
+        bits = bits | (1 << (BN1 + BN2 + c0))
+    return bits
+
+
+@triton.jit
 def _split_tile(t, H, T0, T1, T2):
     """Tile index -> (batch, head, per-axis tile index)."""
     a2 = t % T2
@@ -154,6 +192,7 @@ def na_fwd_kernel(
     BM0: tl.constexpr, BM1: tl.constexpr, BM2: tl.constexpr,
     BN0: tl.constexpr, BN1: tl.constexpr, BN2: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
+    MASK_BITS: tl.constexpr,
 ):
     qk_scale = tl.cast(qk_scale, tl.float32)  # Inductor passes Python floats as fp64
     pid = tl.program_id(0)
@@ -167,6 +206,9 @@ def na_fwd_kernel(
     dv_mask = dv_off < DV
     r0, r1, r2 = _box(BM0, BM1, BM2)
     c0, c1, c2 = _box(BN0, BN1, BN2)
+    cbits = 0
+    if MASK_BITS:
+        cbits = _cell_bits(c0, c1, c2, BN1, BN2, NDIM)
     for tile in range(pid, num_tiles, tl.num_programs(0)):
         b, h, a0, a1, a2 = _split_tile(tile, H, T0, T1, T2)
         hk = h // G
@@ -209,7 +251,12 @@ def na_fwd_kernel(
                         kt = kt.to(tl.float32)
                         vt = vt.to(tl.float32)
                     s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
-                    ok = _neighbours(row_ok, col_ok, j0, j1, j2, lo0, hi0, lo1, hi1, lo2, hi2, NDIM, ONE_COMPARE)
+                    if MASK_BITS:
+                        m = _window_bits(row_ok, lo0 - j00, hi0 - j00, lo1 - j01, hi1 - j01, lo2 - j02, hi2 - j02,
+                                         BN0, BN1, BN2, NDIM)
+                        ok = ((~m)[:, None] & cbits[None, :]) == 0
+                    else:
+                        ok = _neighbours(row_ok, col_ok, j0, j1, j2, lo0, hi0, lo1, hi1, lo2, hi2, NDIM, ONE_COMPARE)
                     s = tl.where(ok, s, float("-inf"))
                     m_new = tl.maximum(m_i, tl.max(s, axis=1))
                     alpha = tl.exp2(m_i - m_new)
@@ -240,7 +287,7 @@ def na_bwd_dq_kernel(
     BM0: tl.constexpr, BM1: tl.constexpr, BM2: tl.constexpr,
     BN0: tl.constexpr, BN1: tl.constexpr, BN2: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
-    HAS_DLSE: tl.constexpr,
+    HAS_DLSE: tl.constexpr, MASK_BITS: tl.constexpr,
 ):
     """dQ_i = scale * sum_j p_ij (dO_i.v_j - delta_i) k_j per query tile, walking keys as the forward.
     delta_i = rowsum(dO_i * O_i) - dLSE_i (fp32) is computed here from the tile's own rows and stored
@@ -258,6 +305,9 @@ def na_bwd_dq_kernel(
     dv_mask = dv_off < DV
     r0, r1, r2 = _box(BM0, BM1, BM2)
     c0, c1, c2 = _box(BN0, BN1, BN2)
+    cbits = 0
+    if MASK_BITS:
+        cbits = _cell_bits(c0, c1, c2, BN1, BN2, NDIM)
     for tile in range(pid, num_tiles, tl.num_programs(0)):
         b, h, a0, a1, a2 = _split_tile(tile, H, T0, T1, T2)
         hk = h // G
@@ -310,7 +360,12 @@ def na_bwd_dq_kernel(
                         kt = kt.to(tl.float32)
                         vt = vt.to(tl.float32)
                     s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
-                    ok = _neighbours(row_ok, col_ok, j0, j1, j2, lo0, hi0, lo1, hi1, lo2, hi2, NDIM, ONE_COMPARE)
+                    if MASK_BITS:
+                        m = _window_bits(row_ok, lo0 - j00, hi0 - j00, lo1 - j01, hi1 - j01, lo2 - j02, hi2 - j02,
+                                         BN0, BN1, BN2, NDIM)
+                        ok = ((~m)[:, None] & cbits[None, :]) == 0
+                    else:
+                        ok = _neighbours(row_ok, col_ok, j0, j1, j2, lo0, hi0, lo1, hi1, lo2, hi2, NDIM, ONE_COMPARE)
                     p = tl.where(ok, tl.exp2(s - lse2[:, None]), 0.0)
                     dp = tl.dot(do, vt, input_precision=PRECISION)
                     ds = p * (dp - delta[:, None])
@@ -334,7 +389,7 @@ def na_bwd_dkdv_kernel(
     BM0: tl.constexpr, BM1: tl.constexpr, BM2: tl.constexpr,
     BN0: tl.constexpr, BN1: tl.constexpr, BN2: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
-    DK_BY_KEYS: tl.constexpr,
+    DK_BY_KEYS: tl.constexpr, MASK_BITS: tl.constexpr, WALK_TESTS: tl.constexpr,
 ):
     """Per key tile (BN box in one dilation group, one kv head): dV_j = sum_i p_ij dO_i and
     dK_j = scale sum_i dS_ij q_i over every query head of the GQA group and every query tile that can
@@ -353,6 +408,9 @@ def na_bwd_dkdv_kernel(
     dv_mask = dv_off < DV
     r0, r1, r2 = _box(BM0, BM1, BM2)
     c0, c1, c2 = _box(BN0, BN1, BN2)
+    cbits = 0
+    if MASK_BITS:
+        cbits = _cell_bits(c0, c1, c2, BN1, BN2, NDIM)
     for tile in range(pid, num_tiles, tl.num_programs(0)):
         b, hk, a0, a1, a2 = _split_tile(tile, HKV, T0, T1, T2)
         g0, lg0, j00, j0, pk0 = _tile_axis(a0, NN0, DL0, L0, BN0, c0)
@@ -410,9 +468,13 @@ def na_bwd_dkdv_kernel(
                         if hit1:
                             i1 = i01 + r1
                             for i02 in range(qs2, qe2 + 1, BM2):
-                                lo_t2, _ = _window(i02, lg2, K2, ST2, C2, TRUNCATED)
-                                _, hi_t2 = _window(tl.minimum(i02 + BM2 - 1, lg2 - 1), lg2, K2, ST2, C2, TRUNCATED)
-                                if (lo_t2 <= jh2) & (hi_t2 >= jl2):
+                                hit2 = True  # the spans are exact: this test never skips (see WALK_TESTS)
+                                if WALK_TESTS:
+                                    lo_t2, _ = _window(i02, lg2, K2, ST2, C2, TRUNCATED)
+                                    _, hi_t2 = _window(tl.minimum(i02 + BM2 - 1, lg2 - 1), lg2, K2, ST2, C2,
+                                                       TRUNCATED)
+                                    hit2 = (lo_t2 <= jh2) & (hi_t2 >= jl2)
+                                if hit2:
                                     i2 = i02 + r2
                                     row_ok = (i0 <= qe0) & (i1 <= qe1) & (i2 <= qe2)
                                     p0 = (i0 * DL0 + g0).to(tl.int64)
@@ -436,8 +498,13 @@ def na_bwd_dkdv_kernel(
                                         lo1, hi1 = _window(i1, lg1, K1, ST1, C1, TRUNCATED)
                                     if NDIM >= 3:
                                         lo0, hi0 = _window(i0, lg0, K0, ST0, C0, TRUNCATED)
-                                    ok = _neighbours(row_ok, col_ok, j0, j1, j2, lo0, hi0, lo1, hi1, lo2, hi2, NDIM,
-                                                     ONE_COMPARE)
+                                    if MASK_BITS:
+                                        m = _window_bits(row_ok, lo0 - j00, hi0 - j00, lo1 - j01, hi1 - j01, lo2 - j02,
+                                                         hi2 - j02, BN0, BN1, BN2, NDIM)
+                                        ok = ((~m)[:, None] & cbits[None, :]) == 0
+                                    else:
+                                        ok = _neighbours(row_ok, col_ok, j0, j1, j2, lo0, hi0, lo1, hi1, lo2, hi2,
+                                                         NDIM, ONE_COMPARE)
                                     s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
                                     p = tl.where(ok, tl.exp2(s - lse2[:, None]), 0.0)
                                     dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PRECISION)

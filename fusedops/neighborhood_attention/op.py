@@ -163,7 +163,7 @@ class _Geometry:
 
 def _meta(plan, window: str, ndim: int) -> dict:
     return dict(
-        TRUNCATED=window == "truncated", NDIM=ndim, ONE_COMPARE=plan.one_compare_mask,
+        TRUNCATED=window == "truncated", NDIM=ndim, ONE_COMPARE=plan.one_compare_mask, MASK_BITS=plan.mask_bits,
         BM0=plan.bm[0], BM1=plan.bm[1], BM2=plan.bm[2], BN0=plan.bn[0], BN1=plan.bn[1], BN2=plan.bn[2],
         **_launch_meta(plan),
     )
@@ -234,7 +234,7 @@ def _backward_spec(q_shape, q_stride, k_shape, k_stride, v_shape, v_stride, go_s
     dkdv = (plan_grid(target, k_tiles),
             (*strides, geo.heads, geo.kv_heads, geo.heads // geo.kv_heads, geo.head_dim, geo.head_dim_v,
              *geo.axis_args(), *geo.blocks(dk_plan.bn), k_tiles, scale * LOG2E, scale),
-            dict(_meta(dk_plan, window, geo.ndim), DK_BY_KEYS=dk_plan.dk_by_keys,
+            dict(_meta(dk_plan, window, geo.ndim), DK_BY_KEYS=dk_plan.dk_by_keys, WALK_TESTS=dk_plan.walk_tests,
                  **_register_cap(dk_plan.dkdv_registers)))
     return dq, dkdv
 

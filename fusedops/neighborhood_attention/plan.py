@@ -93,6 +93,16 @@ CUDA_REGISTER_CAP = 168
 # 9x9 29.3 -> 27.4, 11x11 (32-row key boxes) 49.9 -> 50.7; dQ 3x3 25.6 -> 24.0, 7x7 30.1 -> 27.7, 11x11
 # 48.7 -> 47.1. The 3-D forward and dQ lose 20-65% at 128 (spills), k129's dQ 6%.
 CUDA_2D_NARROW_CAP = 128
+# The 2-D/3-D window mask as per-row bit sets over the key box (Plan.mask_bits, _window_bits in kernels.py): one
+# AND per element instead of two compares per axis and the selects the compiler splits them into (sm_90, 7x7 D64:
+# inner-loop instructions forward 321 -> 294, dK/dV 510 -> 434). The dK/dV kernel's walk without its per-chunk test
+# (Plan.walk_tests False; the closed-form query spans are exact, so the test never skips) lets Triton pipeline the
+# walk's loads. H100, bf16, device us per kernel (bench/NOTES.md run 25): 2-D 16-row plans, forward 7x7 D64 25.6 ->
+# 24.5, D128 44.3 -> 43.7; dK/dV 7x7 D64 45.7 -> 43.3 -> 40.0 unguarded (3x3 39.0 -> 36.2, 9x9 61.6 -> 52.5), D128
+# 87.1 -> 82.0 (unguarded: 142.6, spills). 3-D 7x7x7 D64: dQ 390 -> 366, dK/dV 623 -> 564. Measured and not taken:
+# dQ in 2-D (27.8 -> 28.6: 88 bytes of stack under its 128 cap), the 3-D forward (478 -> 488), the 13x13 plan's
+# dK/dV (808 -> 827). CUDA fp32 and Ascend keep the compares (not measured).
+MASK_BITS_WIDTH = 31
 # Ascend and the interpreter: the smallest block holding 4 x halo rows whose working set fits on chip.
 FUSED_BLOCKS = {"ascend": (64, 128), "interpreter": (16, 32, 64, 128)}
 
@@ -123,6 +133,10 @@ class Plan:
     # run 16): k129 fwd+bwd -7% (dQ -18%); in 2-D/3-D its selects cost 3-11%. Not for CUDA's fp32 (ieee)
     # kernels, whose spills it reshuffles: k33 fwd+bwd 7.7 -> 27.5 ms.
     one_compare_mask: bool = False
+    # The 2-D/3-D window mask as per-row bit sets over the key box (_window_bits): one AND per element.
+    mask_bits: bool = False
+    # The dK/dV kernel tests each innermost query chunk against its key box before computing it.
+    walk_tests: bool = True
     # The dK/dV kernel's own boxes, warps and stages where they differ from the dQ kernel's (bm, bn); its
     # register cap is its own dkdv_registers.
     dkdv: Plan | None = None
@@ -308,9 +322,11 @@ def make_plan(
     fwd_cap = None
     if tall is not None and not backward and override is None and max(block_d, block_dv) <= 64:
         fwd_cap = CUDA_2D_NARROW_CAP if tall <= 16 else CUDA_REGISTER_CAP
+    fwd_bits, dq_bits, dkdv_bits, walk_tests = _mask_choices(target, tall, ndim, dot_fp32, max(block_d, block_dv))
     plan = Plan(bm=tuple(bm), bn=tuple(bn), block_d=block_d, block_dv=block_dv, num_warps=warps, num_stages=stages,
                 dot_fp32=dot_fp32, precision=precision, dq_registers=cap, dkdv_registers=cap if ndim == 1 else None,
                 fwd_registers=fwd_cap, one_compare_mask=ndim == 1 and not (cuda_gpu and dot_fp32),
+                mask_bits=(dq_bits if backward else fwd_bits) and mask_bits_fit(bn, ndim), walk_tests=walk_tests,
                 dk_by_keys=backward and cuda_gpu and not dot_fp32 and block_d == 128)
     dkdv = _override(True, dkdv=True) if backward and not interpreted else None
     if dkdv is None and dkdv_boxes is not None and override is None:
@@ -320,7 +336,26 @@ def make_plan(
         plan = replace(plan, dkdv=replace(plan, bm=tuple(_clamp(list(box_m), group_len, floor)),
                                           bn=tuple(_clamp(list(box_n), group_len, floor)),
                                           num_warps=dkdv_warps or warps, num_stages=dkdv_stages, dkdv_registers=None))
+    if plan.dkdv is not None:  # without boxes of its own, the dK/dV kernel takes the dQ kernel's choice
+        plan = replace(plan, dkdv=replace(plan.dkdv, mask_bits=dkdv_bits and mask_bits_fit(plan.dkdv.bn, ndim)))
     return plan
+
+
+def mask_bits_fit(key_box: Sequence[int], ndim: int) -> bool:
+    """Whether the window mask can be per-row bit sets over the key box (Plan.mask_bits): 2-D or 3-D, one
+    field per axis, all in one int32 (see _window_bits)."""
+    return ndim >= 2 and (sum(key_box) if ndim == 3 else key_box[1] + key_box[2]) <= MASK_BITS_WIDTH
+
+
+def _mask_choices(target: Target, tall: int | None, ndim: int, dot_fp32: bool, head_dim: int
+                  ) -> tuple[bool, bool, bool, bool]:
+    """(forward, dQ, dK/dV) bit-set window masks and the dK/dV walk's chunk tests (see MASK_BITS_WIDTH)."""
+    if target.interpreted and target.vendor == "cuda":
+        return True, True, True, False  # the interpreter's CUDA plan runs these paths, the Ascend plan the others
+    if target.vendor != "cuda" or dot_fp32:
+        return False, False, False, True
+    narrow = head_dim <= 64
+    return tall == 16, ndim == 3 and narrow, tall == 16 or (ndim == 3 and narrow), not (tall == 16 and narrow)
 
 
 def grid(target: Target, tiles: int) -> int:
