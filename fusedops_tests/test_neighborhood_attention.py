@@ -816,7 +816,8 @@ def test_window_mask_plan(spatial, kernel, d, dtype, fwd, dq, dkdv, walk_tests):
 
     def plans(target):
         return tuple(make_plan(target, pad + spatial, [1, 1, 1], d, d, dtype, ndim, backward=backward,
-                               kernel_volume=math.prod(kernel), kernel=pad + list(kernel)) for backward in (False, True))
+                               kernel_volume=math.prod(kernel), kernel=pad + list(kernel))
+                     for backward in (False, True))
 
     forward, backward = plans(_h100())
     dkdv_plan = backward.dkdv or backward

@@ -161,6 +161,22 @@ def _cell_bits(c0, c1, c2, BN1: tl.constexpr, BN2: tl.constexpr, NDIM: tl.conste
 
 
 @triton.jit
+def _window_mask(row_ok, col_ok, j0, j1, j2, j00, j01, j02, cbits, lo0, hi0, lo1, hi1, lo2, hi2, BN0: tl.constexpr,
+                 BN1: tl.constexpr, BN2: tl.constexpr, NDIM: tl.constexpr, ONE_COMPARE: tl.constexpr,
+                 MASK_BITS: tl.constexpr):
+    """[query rows, key cells] mask of a key box whose first cell is (j00, j01, j02) and whose cells sit at
+    (j0, j1, j2): the per-axis compares (_neighbours) or, with MASK_BITS, the rows' bit sets against the
+    cells' (_window_bits, _cell_bits; the same mask)."""
+    if MASK_BITS:
+        m = _window_bits(row_ok, lo0 - j00, hi0 - j00, lo1 - j01, hi1 - j01, lo2 - j02, hi2 - j02, BN0, BN1, BN2,
+                         NDIM)
+        ok = ((~m)[:, None] & cbits[None, :]) == 0
+    else:
+        ok = _neighbours(row_ok, col_ok, j0, j1, j2, lo0, hi0, lo1, hi1, lo2, hi2, NDIM, ONE_COMPARE)
+    return ok
+
+
+@triton.jit
 def _split_tile(t, H, T0, T1, T2):
     """Tile index -> (batch, head, per-axis tile index)."""
     a2 = t % T2
@@ -251,12 +267,8 @@ def na_fwd_kernel(
                         kt = kt.to(tl.float32)
                         vt = vt.to(tl.float32)
                     s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
-                    if MASK_BITS:
-                        m = _window_bits(row_ok, lo0 - j00, hi0 - j00, lo1 - j01, hi1 - j01, lo2 - j02, hi2 - j02,
-                                         BN0, BN1, BN2, NDIM)
-                        ok = ((~m)[:, None] & cbits[None, :]) == 0
-                    else:
-                        ok = _neighbours(row_ok, col_ok, j0, j1, j2, lo0, hi0, lo1, hi1, lo2, hi2, NDIM, ONE_COMPARE)
+                    ok = _window_mask(row_ok, col_ok, j0, j1, j2, j00, j01, j02, cbits, lo0, hi0, lo1, hi1, lo2, hi2,
+                                      BN0, BN1, BN2, NDIM, ONE_COMPARE, MASK_BITS)
                     s = tl.where(ok, s, float("-inf"))
                     m_new = tl.maximum(m_i, tl.max(s, axis=1))
                     alpha = tl.exp2(m_i - m_new)
@@ -360,12 +372,8 @@ def na_bwd_dq_kernel(
                         kt = kt.to(tl.float32)
                         vt = vt.to(tl.float32)
                     s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
-                    if MASK_BITS:
-                        m = _window_bits(row_ok, lo0 - j00, hi0 - j00, lo1 - j01, hi1 - j01, lo2 - j02, hi2 - j02,
-                                         BN0, BN1, BN2, NDIM)
-                        ok = ((~m)[:, None] & cbits[None, :]) == 0
-                    else:
-                        ok = _neighbours(row_ok, col_ok, j0, j1, j2, lo0, hi0, lo1, hi1, lo2, hi2, NDIM, ONE_COMPARE)
+                    ok = _window_mask(row_ok, col_ok, j0, j1, j2, j00, j01, j02, cbits, lo0, hi0, lo1, hi1, lo2, hi2,
+                                      BN0, BN1, BN2, NDIM, ONE_COMPARE, MASK_BITS)
                     p = tl.where(ok, tl.exp2(s - lse2[:, None]), 0.0)
                     dp = tl.dot(do, vt, input_precision=PRECISION)
                     ds = p * (dp - delta[:, None])
@@ -498,13 +506,8 @@ def na_bwd_dkdv_kernel(
                                         lo1, hi1 = _window(i1, lg1, K1, ST1, C1, TRUNCATED)
                                     if NDIM >= 3:
                                         lo0, hi0 = _window(i0, lg0, K0, ST0, C0, TRUNCATED)
-                                    if MASK_BITS:
-                                        m = _window_bits(row_ok, lo0 - j00, hi0 - j00, lo1 - j01, hi1 - j01, lo2 - j02,
-                                                         hi2 - j02, BN0, BN1, BN2, NDIM)
-                                        ok = ((~m)[:, None] & cbits[None, :]) == 0
-                                    else:
-                                        ok = _neighbours(row_ok, col_ok, j0, j1, j2, lo0, hi0, lo1, hi1, lo2, hi2,
-                                                         NDIM, ONE_COMPARE)
+                                    ok = _window_mask(row_ok, col_ok, j0, j1, j2, j00, j01, j02, cbits, lo0, hi0, lo1,
+                                                      hi1, lo2, hi2, BN0, BN1, BN2, NDIM, ONE_COMPARE, MASK_BITS)
                                     s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
                                     p = tl.where(ok, tl.exp2(s - lse2[:, None]), 0.0)
                                     dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PRECISION)
