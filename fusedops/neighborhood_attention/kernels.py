@@ -161,16 +161,16 @@ def _cell_bits(c0, c1, c2, BN1: tl.constexpr, BN2: tl.constexpr, NDIM: tl.conste
 
 
 @triton.jit
-def _window_mask(row_ok, col_ok, j0, j1, j2, j00, j01, j02, cbits, lo0, hi0, lo1, hi1, lo2, hi2, BN0: tl.constexpr,
-                 BN1: tl.constexpr, BN2: tl.constexpr, NDIM: tl.constexpr, ONE_COMPARE: tl.constexpr,
+def _window_mask(row_ok, col_ok, j0, j1, j2, j00, j01, j02, c0, c1, c2, lo0, hi0, lo1, hi1, lo2, hi2,
+                 BN0: tl.constexpr, BN1: tl.constexpr, BN2: tl.constexpr, NDIM: tl.constexpr, ONE_COMPARE: tl.constexpr,
                  MASK_BITS: tl.constexpr):
-    """[query rows, key cells] mask of a key box whose first cell is (j00, j01, j02) and whose cells sit at
-    (j0, j1, j2): the per-axis compares (_neighbours) or, with MASK_BITS, the rows' bit sets against the
-    cells' (_window_bits, _cell_bits; the same mask)."""
+    """[query rows, key cells] mask of a key box whose first cell is (j00, j01, j02), its cells at offsets
+    (c0, c1, c2) and positions (j0, j1, j2): the per-axis compares (_neighbours) or, with MASK_BITS, the rows'
+    bit sets against the cells' (_window_bits, _cell_bits; the same mask)."""
     if MASK_BITS:
         m = _window_bits(row_ok, lo0 - j00, hi0 - j00, lo1 - j01, hi1 - j01, lo2 - j02, hi2 - j02, BN0, BN1, BN2,
                          NDIM)
-        ok = ((~m)[:, None] & cbits[None, :]) == 0
+        ok = ((~m)[:, None] & _cell_bits(c0, c1, c2, BN1, BN2, NDIM)[None, :]) == 0
     else:
         ok = _neighbours(row_ok, col_ok, j0, j1, j2, lo0, hi0, lo1, hi1, lo2, hi2, NDIM, ONE_COMPARE)
     return ok
@@ -222,9 +222,6 @@ def na_fwd_kernel(
     dv_mask = dv_off < DV
     r0, r1, r2 = _box(BM0, BM1, BM2)
     c0, c1, c2 = _box(BN0, BN1, BN2)
-    cbits = 0
-    if MASK_BITS:
-        cbits = _cell_bits(c0, c1, c2, BN1, BN2, NDIM)
     for tile in range(pid, num_tiles, tl.num_programs(0)):
         b, h, a0, a1, a2 = _split_tile(tile, H, T0, T1, T2)
         hk = h // G
@@ -267,8 +264,8 @@ def na_fwd_kernel(
                         kt = kt.to(tl.float32)
                         vt = vt.to(tl.float32)
                     s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
-                    ok = _window_mask(row_ok, col_ok, j0, j1, j2, j00, j01, j02, cbits, lo0, hi0, lo1, hi1, lo2, hi2,
-                                      BN0, BN1, BN2, NDIM, ONE_COMPARE, MASK_BITS)
+                    ok = _window_mask(row_ok, col_ok, j0, j1, j2, j00, j01, j02, c0, c1, c2, lo0, hi0, lo1, hi1, lo2,
+                                      hi2, BN0, BN1, BN2, NDIM, ONE_COMPARE, MASK_BITS)
                     s = tl.where(ok, s, float("-inf"))
                     m_new = tl.maximum(m_i, tl.max(s, axis=1))
                     alpha = tl.exp2(m_i - m_new)
@@ -317,9 +314,6 @@ def na_bwd_dq_kernel(
     dv_mask = dv_off < DV
     r0, r1, r2 = _box(BM0, BM1, BM2)
     c0, c1, c2 = _box(BN0, BN1, BN2)
-    cbits = 0
-    if MASK_BITS:
-        cbits = _cell_bits(c0, c1, c2, BN1, BN2, NDIM)
     for tile in range(pid, num_tiles, tl.num_programs(0)):
         b, h, a0, a1, a2 = _split_tile(tile, H, T0, T1, T2)
         hk = h // G
@@ -372,8 +366,8 @@ def na_bwd_dq_kernel(
                         kt = kt.to(tl.float32)
                         vt = vt.to(tl.float32)
                     s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
-                    ok = _window_mask(row_ok, col_ok, j0, j1, j2, j00, j01, j02, cbits, lo0, hi0, lo1, hi1, lo2, hi2,
-                                      BN0, BN1, BN2, NDIM, ONE_COMPARE, MASK_BITS)
+                    ok = _window_mask(row_ok, col_ok, j0, j1, j2, j00, j01, j02, c0, c1, c2, lo0, hi0, lo1, hi1, lo2,
+                                      hi2, BN0, BN1, BN2, NDIM, ONE_COMPARE, MASK_BITS)
                     p = tl.where(ok, tl.exp2(s - lse2[:, None]), 0.0)
                     dp = tl.dot(do, vt, input_precision=PRECISION)
                     ds = p * (dp - delta[:, None])
@@ -416,9 +410,6 @@ def na_bwd_dkdv_kernel(
     dv_mask = dv_off < DV
     r0, r1, r2 = _box(BM0, BM1, BM2)
     c0, c1, c2 = _box(BN0, BN1, BN2)
-    cbits = 0
-    if MASK_BITS:
-        cbits = _cell_bits(c0, c1, c2, BN1, BN2, NDIM)
     for tile in range(pid, num_tiles, tl.num_programs(0)):
         b, hk, a0, a1, a2 = _split_tile(tile, HKV, T0, T1, T2)
         g0, lg0, j00, j0, pk0 = _tile_axis(a0, NN0, DL0, L0, BN0, c0)
@@ -506,8 +497,8 @@ def na_bwd_dkdv_kernel(
                                         lo1, hi1 = _window(i1, lg1, K1, ST1, C1, TRUNCATED)
                                     if NDIM >= 3:
                                         lo0, hi0 = _window(i0, lg0, K0, ST0, C0, TRUNCATED)
-                                    ok = _window_mask(row_ok, col_ok, j0, j1, j2, j00, j01, j02, cbits, lo0, hi0, lo1,
-                                                      hi1, lo2, hi2, BN0, BN1, BN2, NDIM, ONE_COMPARE, MASK_BITS)
+                                    ok = _window_mask(row_ok, col_ok, j0, j1, j2, j00, j01, j02, c0, c1, c2, lo0, hi0,
+                                                      lo1, hi1, lo2, hi2, BN0, BN1, BN2, NDIM, ONE_COMPARE, MASK_BITS)
                                     s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
                                     p = tl.where(ok, tl.exp2(s - lse2[:, None]), 0.0)
                                     dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PRECISION)
