@@ -212,19 +212,8 @@ def caps_sweep() -> None:
                 else:
                     caps[kernels[name]] = int(value)
             _cap_registers(caps, flags)
-            tiles, _, dkdv = boxes.partition("|")
-            os.environ["FUSEDOPS_NA_TILES"] = tiles
-            os.environ["FUSEDOPS_NA_DKDV_TILES"] = dkdv
-            try:
-                grads = step()
-                expected = grads if expected is None else expected
-                err = _max_rel_diff(grads, expected)
-                print(f"{_name(spatial, d, kernel)} {variant:24s} {_per_kernel(step)}  max rel diff {err:.1e}",
-                      flush=True)
-            except Exception as e:  # noqa: BLE001
-                print(f"{_name(spatial, d, kernel)} {variant}: {type(e).__name__}: {str(e)[:160]}", flush=True)
-        os.environ.pop("FUSEDOPS_NA_TILES", None)
-        os.environ.pop("FUSEDOPS_NA_DKDV_TILES", None)
+            expected = _boxes_row(_name(spatial, d, kernel), f"{variant:24s}", boxes, step, expected)
+        _clear_boxes()
         _cap_registers({})
 
 
@@ -272,19 +261,29 @@ def boxes_sweep() -> None:
 
         expected = None
         for variant in os.environ.get("TUNE_VARIANTS", "").split() or BOX_VARIANTS:
-            tiles, _, dkdv = ("" if variant == "planner" else variant).partition("|")
-            os.environ["FUSEDOPS_NA_TILES"] = tiles
-            os.environ["FUSEDOPS_NA_DKDV_TILES"] = dkdv
-            try:
-                grads = step()
-                expected = grads if expected is None else expected
-                err = _max_rel_diff(grads, expected)
-                print(f"{_name(spatial, d, kernel)} {variant or '(planner)':32s} {_per_kernel(step)}"
-                      f"  max rel diff {err:.1e}", flush=True)
-            except Exception as e:  # noqa: BLE001
-                print(f"{_name(spatial, d, kernel)} {variant}: {type(e).__name__}: {str(e)[:160]}", flush=True)
-        os.environ.pop("FUSEDOPS_NA_TILES", None)
-        os.environ.pop("FUSEDOPS_NA_DKDV_TILES", None)
+            boxes = "" if variant == "planner" else variant
+            expected = _boxes_row(_name(spatial, d, kernel), f"{variant or '(planner)':32s}", boxes, step, expected)
+        _clear_boxes()
+
+
+def _boxes_row(case: str, label: str, boxes: str, step, expected):
+    """Run the step under the "tiles|dkdv" boxes (FUSEDOPS_NA_TILES | FUSEDOPS_NA_DKDV_TILES) and print its device
+    us per kernel and its gradients' largest difference from `expected` (the first row's, returned)."""
+    tiles, _, dkdv = boxes.partition("|")
+    os.environ["FUSEDOPS_NA_TILES"] = tiles
+    os.environ["FUSEDOPS_NA_DKDV_TILES"] = dkdv
+    try:
+        grads = step()
+        expected = grads if expected is None else expected
+        print(f"{case} {label} {_per_kernel(step)}  max rel diff {_max_rel_diff(grads, expected):.1e}", flush=True)
+    except Exception as e:  # noqa: BLE001
+        print(f"{case} {label.strip()}: {type(e).__name__}: {str(e)[:160]}", flush=True)
+    return expected
+
+
+def _clear_boxes() -> None:
+    os.environ.pop("FUSEDOPS_NA_TILES", None)
+    os.environ.pop("FUSEDOPS_NA_DKDV_TILES", None)
 
 
 def selected_cases(cases=CASES) -> list:
