@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 import sys
 
 import torch
 import torch.nn.functional as F
 
-from bench.common import Context, error_row, measure, optional_import
+from bench.common import Context, error_row, measure, optional_import, row
 
 OP = "neighborhood_attention"
 # (B, H, spatial, D, kernel)
@@ -35,6 +36,8 @@ QUICK = {"cpu": [CPU_CASES[0]], "gpu": [CASES[0], CASES[3]]}
 # Providers whose device time per call is also reported ("<name> (GPU time)": the eager steps of the
 # small cases are host-bound, so wall time alone hides what the kernels take).
 GPU_TIMED = ("fusedops", "flex", "sdpa(full)")
+# Providers whose fwd+bwd steps are also timed in alternation (see alternated_rows).
+ALTERNATED = ("fusedops", "flex")
 SWEEP = {
     1: ["1,1,64/1,1,32", "1,1,128/1,1,64", "1,1,128/1,1,32/8", "1,1,128/1,1,128/8", "1,1,64/1,1,64/8"],
     2: ["1,8,8/1,8,8", "1,8,16/1,8,16/8", "1,8,8/1,16,16/8", "1,16,8/1,16,16/8"],
@@ -148,6 +151,7 @@ def run(ctx: Context, sweep: bool = False, all_cases: bool = False, stream: bool
         flops = {"fwd": fwd_flops, "fwd+bwd": 3.5 * fwd_flops}
         q, k, v = make_inputs(ctx, case)
         grad_out = torch.randn_like(q)
+        steps = {}  # the fwd+bwd steps timed again in alternation below
         for name, fn, view in providers(ctx, case, sweep):
             try:
                 if isinstance(fn, Lazy):
@@ -169,15 +173,42 @@ def run(ctx: Context, sweep: bool = False, all_cases: bool = False, stream: bool
                 continue
             rows.append(measure(ctx, OP, label, name, "fwd", fwd, flops=flops["fwd"]))
             rows.append(measure(ctx, OP, label, name, "fwd+bwd", fwd_bwd, flops=flops["fwd+bwd"]))
+            if name in ALTERNATED:
+                steps[name] = {"fwd": fwd, "fwd+bwd": fwd_bwd}
             if ctx.device.type == "cuda" and name in GPU_TIMED:
                 for mode, f in (("fwd", fwd), ("fwd+bwd", fwd_bwd)):
                     rows.append(measure(ctx, OP, label, name, mode, f, flops=flops[mode], gpu_time=True))
             if stream:
                 print(_table(rows[-2:]).split("\n", 1)[1], flush=True)
             ctx.empty_cache()
-        del q, k, v, grad_out
+        if ctx.device.type == "cuda" and len(steps) == len(ALTERNATED):
+            for mode in ("fwd", "fwd+bwd"):
+                rows += alternated_rows(ctx, label, mode, {name: fns[mode] for name, fns in steps.items()}, flops[mode])
+        del q, k, v, grad_out, steps
         ctx.empty_cache()
     return rows
+
+
+def alternated_rows(ctx: Context, label: str, mode: str, steps: dict, flops: float, rounds: int = 5) -> list[dict]:
+    """Wall clock of the providers' calls timed in turn, `rounds` times, each row the median of its rounds. The
+    small cases' calls are host-bound (fusedops' eager calls, Flex's compiled graph), and the host's speed
+    drifts over a run by more than their difference (bench/NOTES.md neighborhood_attention run 26), so
+    timing one provider after the other can rank them either way; alternating puts both under the same
+    conditions."""
+    times: dict = {name: [] for name in steps}
+    try:
+        for _ in range(rounds):
+            for name, step in steps.items():
+                times[name].append(ctx.time(step))
+    except Exception as e:  # noqa: BLE001
+        return [error_row(OP, label, f"{name} (alternating)", mode, e) for name in steps]
+    out = []
+    for name, ms in times.items():
+        median = statistics.median(ms)
+        out.append(row(OP, label, f"{name} (alternating)", mode, ms=median, tflops=flops / (median * 1e-3) / 1e12))
+        rounds_ms = ", ".join(f"{x:.3f}" for x in ms)
+        ctx.progress(f"  {OP} {label} {name} (alternating) {mode}: {median:.4g} ms (rounds {rounds_ms})")
+    return out
 
 
 def _table(rows) -> str:
