@@ -241,7 +241,7 @@ def test_plans_from_any_size_hint_stay_correct(path, op, monkeypatch):
     from fusedops.neighborhood_attention import op as na_op
 
     build = {**OPS, "neighborhood_attention_1d": _neighborhood_attention_1d}[op]
-    caches = (ar_plan.make_plan, ar_plan.reduce_plan, na_op._forward_spec, na_op._backward_spec)
+    caches = (ar_plan.make_plan, ar_plan.reduce_plan, em_plan.make_plan, na_op._forward_spec, na_op._backward_spec)
     with execution_path("reference"):
         ref = _outputs_and_grads(build, True)
     try:

@@ -13,6 +13,7 @@ from typing import Optional
 
 import torch
 
+from fusedops.registry import memoize
 from fusedops.targets import Target, size_hint
 
 # On-chip bytes per tile element. Forward: the loaded tile, its copy on the way out, and the int64
@@ -94,6 +95,7 @@ def _block_d(dim: int, min_d: int, max_d: int) -> int:
     return block
 
 
+@memoize  # asked on every forward and backward: ~10 us of host time a call on the H100 host (bench/NOTES.md)
 def make_plan(target: Target, rows: int, dim: int, elem_size: int, *, backward: bool, tokens: int = 0) -> Plan:
     """rows: tokens (forward) or vocabulary rows V (backward); dim: D; elem_size: weight bytes;
     tokens (backward): the run items, one row x block_d each, that come before the zero tiles."""
