@@ -129,3 +129,42 @@ def test_missing_op_module_is_a_row_not_a_crash(monkeypatch):
     ctx = Context(device=torch.device("cpu"), quick=True, verbose=False)
     rows = main.run_op("no_such_op_module", ctx)
     assert len(rows) == 1 and "not importable" in rows[0]["error"]
+
+
+def test_alternated_rows_take_turns_and_report_medians():
+    """bench.neighborhood_attention times host-bound steps in alternation: each round times every
+    provider once, in order, and each row holds the median of its provider's rounds."""
+    from bench.neighborhood_attention import alternated_rows
+
+    calls = []
+
+    class Clock:
+        def time(self, fn):
+            calls.append(fn.__name__)
+            return fn()
+
+        def progress(self, msg):
+            pass
+
+    times = {"a": iter([5.0, 1.0, 3.0]), "b": iter([2.0, 9.0, 4.0])}
+
+    def a():
+        return next(times["a"])
+
+    def b():
+        return next(times["b"])
+
+    rows = alternated_rows(Clock(), "case", "fwd+bwd", {"fusedops": a, "flex": b}, flops=3e9, rounds=3)
+    assert calls == ["a", "b"] * 3
+    by = {r["provider"]: r for r in rows}
+    assert by["fusedops (alternating)"]["ms"] == 3.0 and by["flex (alternating)"]["ms"] == 4.0
+    assert all(r["mode"] == "fwd+bwd" for r in rows)
+    assert by["fusedops (alternating)"]["tflops"] == pytest.approx(3e9 / 3e-3 / 1e12)
+
+    def broken():
+        raise RuntimeError("boom")
+
+    times["a"] = iter([1.0, 1.0])
+    rows = alternated_rows(Clock(), "case", "fwd", {"fusedops": a, "flex": broken}, flops=1.0, rounds=2)
+    assert [r["provider"] for r in rows] == ["fusedops (alternating)", "flex (alternating)"]
+    assert all("boom" in r["error"] for r in rows)
