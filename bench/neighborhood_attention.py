@@ -36,7 +36,7 @@ QUICK = {"cpu": [CPU_CASES[0]], "gpu": [CASES[0], CASES[3]]}
 # Providers whose device time per call is also reported ("<name> (GPU time)": the eager steps of the
 # small cases are host-bound, so wall time alone hides what the kernels take).
 GPU_TIMED = ("fusedops", "flex", "sdpa(full)")
-# Providers whose fwd+bwd steps are also timed in alternation (see alternated_rows).
+# Providers whose fwd and fwd+bwd calls are also timed in alternation (see alternated_rows).
 ALTERNATED = ("fusedops", "flex")
 SWEEP = {
     1: ["1,1,64/1,1,32", "1,1,128/1,1,64", "1,1,128/1,1,32/8", "1,1,128/1,1,128/8", "1,1,64/1,1,64/8"],
@@ -151,7 +151,7 @@ def run(ctx: Context, sweep: bool = False, all_cases: bool = False, stream: bool
         flops = {"fwd": fwd_flops, "fwd+bwd": 3.5 * fwd_flops}
         q, k, v = make_inputs(ctx, case)
         grad_out = torch.randn_like(q)
-        steps = {}  # the fwd+bwd steps timed again in alternation below
+        steps = {}  # the calls timed again in alternation below
         for name, fn, view in providers(ctx, case, sweep):
             try:
                 if isinstance(fn, Lazy):
