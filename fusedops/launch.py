@@ -2,12 +2,18 @@
 
 `launch` goes through `wrap_triton` wherever torch.compile or export may be tracing. In eager calls
 on CUDA (wrap_triton's tracing switched off, as in the direct path and triton_op's own eager kernel)
-it reuses the compiled kernel of an earlier launch with the same specialisation, skipping Triton's
-per-call binding and specialisation of every argument: that costs ~50 us of host time for a kernel
-with ~45 arguments on the H100 host (bench/NOTES.md), more than the kernels of a small problem run.
+it reuses the compiled kernel of an earlier launch with the same specialisation and hands the
+arguments straight to Triton's launcher (`CompiledKernel.run`, which the runner of `compiled[grid]`
+calls too), skipping Triton's per-call binding and specialisation of every argument and the runner's
+device, stream and launch-metadata look-ups. On the H100 host one launch of the embedding backward
+kernel (12 arguments) costs ~25 us through kernel[grid](...), ~10 us through the runner; a fusedops
+step makes three to six launches (bench/NOTES.md, host time).
 
 The cache key holds everything Triton specialises on: the kernel, the grid, every scalar argument's
-value, the constexpr/launch options, and each tensor's dtype, device and 16-byte alignment.
+value, the constexpr/launch options, the device, and each tensor's dtype and 16-byte alignment.
+Pointers go to the launcher as integers (the tensors were checked to be on one CUDA device), which
+also spares it a data_ptr() call and a pointer-attribute query per tensor. Launch hooks (Triton's
+profilers) see every launch: while any is set, launches go through the runner.
 """
 
 from __future__ import annotations
@@ -18,18 +24,47 @@ from typing import Callable, Sequence
 import torch
 from torch.library import wrap_triton
 
+try:  # Triton >= 3.4; older ones (triton-ascend 3.2) launch through the runner
+    from triton import knobs as _knobs
+except ImportError:  # pragma: no cover
+    _knobs = None
+
 try:
     from torch._library.triton import is_wrap_triton_enabled
 except ImportError:  # pragma: no cover - torch < 2.6 always traces through wrap_triton
     def is_wrap_triton_enabled() -> bool:
         return True
 
-_CACHE: dict[tuple, tuple[Callable, tuple]] = {}
+_CACHE: dict[tuple, "_Compiled"] = {}
 _CACHE_LIMIT = 4096
 
 
-def _tensor_key(tensors: Sequence[torch.Tensor]) -> tuple:
-    return tuple((t.dtype, t.get_device(), t.data_ptr() % 16 == 0) for t in tensors)
+class _Compiled:
+    """A compiled kernel and what its launcher needs besides the arguments."""
+
+    __slots__ = ("kernel", "grid", "constexprs", "runner", "run", "function", "metadata")
+
+    def __init__(self, kernel, grid3: tuple, compiled, constexprs: tuple):
+        self.kernel, self.grid, self.constexprs = kernel, grid3, constexprs
+        self.runner = compiled[grid3]  # also loads the module (the function handle) once
+        direct = _knobs is not None and all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata"))
+        self.run = compiled.run if direct else None
+        self.function = compiled.function if direct else None
+        self.metadata = compiled.packed_metadata if direct else None
+
+    def __call__(self, device: int, pointers: list, scalars: tuple) -> None:
+        if self.run is None or _hooks_set():
+            self.runner(*pointers, *scalars, *self.constexprs)
+            return
+        gx, gy, gz = self.grid
+        # What the runner passes, less the launch metadata only hooks read, and its look-ups.
+        self.run(gx, gy, gz, torch._C._cuda_getCurrentRawStream(device), self.function, self.metadata,
+                 None, None, None, *pointers, *scalars, *self.constexprs)
+
+
+def _hooks_set() -> bool:
+    runtime = _knobs.runtime
+    return any(getattr(h, "calls", h) for h in (runtime.launch_enter_hook, runtime.launch_exit_hook))
 
 
 def device_switch(t: torch.Tensor) -> contextlib.AbstractContextManager:
@@ -46,16 +81,15 @@ def device_switch(t: torch.Tensor) -> contextlib.AbstractContextManager:
 
 def launch(kernel, grid: tuple[int, ...], tensors: Sequence[torch.Tensor], scalars: tuple, meta: dict) -> None:
     """kernel[grid](*tensors, *scalars, **meta) on the first tensor's device, the tensors being the
-    kernel's leading parameters. meta may hold `maxnreg` (a per-thread register cap), honoured on
-    direct CUDA launches only: the interpreter has no registers and torch.compile's wrap_triton would
-    take it for a kernel argument."""
+    kernel's leading parameters, all on that device. meta may hold `maxnreg` (a per-thread register
+    cap), honoured on direct CUDA launches only: the interpreter has no registers and torch.compile's
+    wrap_triton would take it for a kernel argument."""
     if is_wrap_triton_enabled():  # traced: the generated code sets the device itself
         _launch_wrapped(kernel, grid, tensors, scalars, meta)
-        return
-    with device_switch(tensors[0]):
-        if tensors[0].is_cuda:
-            _launch_cached(kernel, grid, tensors, scalars, meta)
-        else:
+    elif tensors[0].is_cuda:
+        _launch_cuda(kernel, grid, tensors, scalars, meta)
+    else:
+        with device_switch(tensors[0]):
             _launch_wrapped(kernel, grid, tensors, scalars, meta)
 
 
@@ -64,19 +98,26 @@ def _launch_wrapped(kernel, grid, tensors, scalars, meta) -> None:
     wrap_triton(kernel)[grid](*tensors, *scalars, **meta)
 
 
-def _launch_cached(kernel, grid, tensors, scalars, meta) -> None:
-    key = (kernel, grid, scalars, tuple(meta.items()), _tensor_key(tensors))
+def _launch_cuda(kernel, grid, tensors, scalars, meta) -> None:
+    device = tensors[0].get_device()
+    pointers = [t.data_ptr() for t in tensors]
+    # id(kernel), not the JITFunction (whose hash is a Python call); the entry's kernel is compared.
+    key = (id(kernel), grid, scalars, tuple(meta.items()), device, tuple([t.dtype for t in tensors]),
+           tuple([p % 16 == 0 for p in pointers]))
     entry = _CACHE.get(key)
-    if entry is not None:
-        runner, constexprs = entry
-        runner(*tensors, *scalars, *constexprs)
+    if entry is not None and entry.kernel is kernel:
+        if torch._C._cuda_getDevice() == device:
+            entry(device, pointers, scalars)
+        else:
+            with torch.cuda.device(device):
+                entry(device, pointers, scalars)
         return
-    compiled = kernel[grid](*tensors, *scalars, **meta)
-    # A compiled kernel's runner takes every parameter positionally, constexprs included.
+    with device_switch(tensors[0]):
+        compiled = kernel[grid](*tensors, *scalars, **meta)
+    # A compiled kernel's launcher takes every parameter positionally, constexprs included.
     names = kernel.arg_names[len(tensors) + len(scalars):]
     if compiled is None or not hasattr(compiled, "__getitem__") or any(n not in meta for n in names):
         return  # an unexpected Triton: keep launching through kernel[grid]
     if len(_CACHE) >= _CACHE_LIMIT:
         _CACHE.clear()
-    grid3 = tuple(grid) + (1,) * (3 - len(grid))
-    _CACHE[key] = (compiled[grid3], tuple(meta[n] for n in names))
+    _CACHE[key] = _Compiled(kernel, tuple(grid) + (1,) * (3 - len(grid)), compiled, tuple(meta[n] for n in names))

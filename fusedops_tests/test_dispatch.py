@@ -208,6 +208,81 @@ def test_launches_switch_to_the_tensors_device(monkeypatch):
         assert entered == expected, device
 
 
+class _StandInKernel:
+    """A JITFunction stand-in: kernel[grid](...) "compiles" (records the call) and returns a compiled
+    kernel whose launcher and runner record theirs."""
+
+    arg_names = ["x_ptr", "out_ptr", "n", "BLOCK"]
+
+    def __init__(self):
+        self.compiles, self.launches, self.runs = [], [], []
+
+    def __getitem__(self, grid):
+        def compile_and_launch(*args, **meta):
+            self.compiles.append((grid, args, meta))
+            kernel = self
+
+            class Compiled:
+                function, packed_metadata = "function-handle", ("warps", "ctas", "smem")
+
+                def run(self, *args):
+                    kernel.launches.append(args)
+
+                def __getitem__(self, grid3):
+                    return lambda *args: kernel.runs.append((grid3, args))
+
+            return Compiled()
+
+        return compile_and_launch
+
+
+class _StandInTensor:
+    is_cuda, device = True, torch.device("cpu")  # a CPU device: no device switch to make
+
+    def __init__(self, address, dtype=torch.float32):
+        self.address, self.dtype = address, dtype
+
+    def get_device(self):
+        return 0
+
+    def data_ptr(self):
+        return self.address
+
+
+def test_launch_cache_hands_pointers_and_options_to_the_compiled_launcher(monkeypatch):
+    """The CUDA launch cache (stand-ins for Triton and the device here; the real launches are checked
+    bitwise in test_gpu_cached_launches_match_first_launch_bitwise): the first launch compiles through
+    kernel[grid]; later ones call the compiled launcher with what Triton's runner passes (grid, the
+    current stream, the function handle, the packed metadata, no launch metadata or hooks, then every
+    parameter, constexprs included, pointers as integers); a new alignment or scalar compiles again;
+    while a launch hook is set, launches go through the runner so the hook sees them."""
+    if launch_mod._knobs is None:
+        pytest.skip("this Triton has no knobs module: launches go through the runner")
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1234, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(launch_mod, "_CACHE", {})
+    kernel = _StandInKernel()
+    x, out = _StandInTensor(4096), _StandInTensor(8192)
+    launch_mod._launch_cuda(kernel, (3,), (x, out), (10,), {"BLOCK": 64, "num_warps": 4})
+    assert len(kernel.compiles) == 1 and not kernel.launches
+    launch_mod._launch_cuda(kernel, (3,), (x, out), (10,), {"BLOCK": 64, "num_warps": 4})
+    assert len(kernel.compiles) == 1
+    assert kernel.launches == [(3, 1, 1, 1234, "function-handle", ("warps", "ctas", "smem"), None, None, None,
+                                4096, 8192, 10, 64)]
+    launch_mod._launch_cuda(kernel, (3,), (_StandInTensor(4098), out), (10,), {"BLOCK": 64, "num_warps": 4})
+    launch_mod._launch_cuda(kernel, (3,), (x, out), (11,), {"BLOCK": 64, "num_warps": 4})
+    launch_mod._launch_cuda(kernel, (3,), (x, out), (10,), {"BLOCK": 32, "num_warps": 4})
+    launch_mod._launch_cuda(kernel, (3,), (x, _StandInTensor(8192, torch.float16)), (10,), {"BLOCK": 64, "num_warps": 4})
+    assert len(kernel.compiles) == 5 and len(kernel.launches) == 1
+    hook = lambda metadata: None  # noqa: E731
+    launch_mod._knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        launch_mod._launch_cuda(kernel, (3,), (x, out), (10,), {"BLOCK": 64, "num_warps": 4})
+    finally:
+        launch_mod._knobs.runtime.launch_enter_hook.remove(hook)
+    assert kernel.runs == [((3, 1, 1), (4096, 8192, 10, 64))] and len(kernel.launches) == 1
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
 @pytest.mark.parametrize("op", sorted(OPS))
