@@ -221,7 +221,8 @@ def _backward_rule(ctx, grad_out):
     (indices,) = ctx.saved_tensors
     grad_weight = None
     if ctx.needs_input_grad[0] and backward_direct_ok(grad_out, indices):
-        pad = check_backward_args(grad_out, indices, ctx.num_weights, ctx.padding_idx)
+        # Autograd hands grad_out with out's shape, dtype and device: only padding_idx needs normalising.
+        pad = normalize_padding_idx(ctx.padding_idx, ctx.num_weights)
         grad_weight = call_direct(_run_backward, grad_out, indices, ctx.num_weights, pad, ctx.scale_grad_by_freq)
     elif ctx.needs_input_grad[0]:
         grad_weight = torch.ops.fusedops.embedding_backward(
