@@ -229,6 +229,33 @@ def measure(
         return error_row(op, case, provider, mode, e)
 
 
+def alternated_rows(ctx: Context, op: str, case: Any, mode: str, steps: dict, *, nbytes: Optional[float] = None,
+                    flops: Optional[float] = None, rounds: int = 5) -> list[dict]:
+    """Wall clock of the providers' steps timed in turn, `rounds` times, each row "<provider> (alternating)"
+    the median of its rounds. Small eager steps are host-bound, and the host's speed drifts over a run by
+    more than the providers' difference (bench/NOTES.md neighborhood_attention run 26), so timing one
+    provider after the other can rank them either way; alternating puts them under the same conditions."""
+    times: dict = {name: [] for name in steps}
+    try:
+        for _ in range(rounds):
+            for name, step in steps.items():
+                times[name].append(ctx.time(step))
+    except Exception as e:  # noqa: BLE001
+        return [error_row(op, case, f"{name} (alternating)", mode, e) for name in steps]
+    out = []
+    for name, ms in times.items():
+        median = statistics.median(ms)
+        r = row(op, case, f"{name} (alternating)", mode, ms=median)
+        if nbytes is not None:
+            r["tbps"] = nbytes / (median * 1e-3) / 1e12
+        if flops is not None:
+            r["tflops"] = flops / (median * 1e-3) / 1e12
+        out.append(r)
+        ctx.progress(f"  {op} {case_name(case)} {name} (alternating) {mode}: {median:.4g} ms "
+                     f"(rounds {', '.join(f'{x:.3f}' for x in ms)})")
+    return out
+
+
 def optional_import(name: str):
     """The module, or raise ImportError with a short message (for provider error rows)."""
     try:

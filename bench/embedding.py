@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from bench.common import Context, error_row, fwd_bwd_fns, measure, optional_import
+from bench.common import Context, alternated_rows, error_row, fwd_bwd_fns, measure, optional_import
 
 OP = "embedding"
 CASES = [(32768, 768, 16384), (50257, 1600, 8192), (131072, 4096, 16384), (151936, 4096, 16384)]
@@ -22,6 +22,9 @@ QUICK = {"cpu": [(1024, 64, 256)], "gpu": [(151936, 4096, 16384)]}
 # Providers whose device time per fwd+bwd is also reported ("<name> (GPU time)", from the profiler):
 # the small cases are host-bound in eager mode.
 GPU_TIMED = ("fusedops-nocheck", "torch", "torch.compile", "liger")
+# Providers whose fwd+bwd steps are also timed in alternation (bench.common.alternated_rows): the eager
+# steps are host-bound or nearly so, and the host's speed drifts during a run.
+ALTERNATED = ("fusedops-nocheck", "torch", "liger")
 
 
 def nbytes(v: int, d: int, tokens: int, esize: int) -> dict:
@@ -59,6 +62,7 @@ def run(ctx: Context) -> list[dict]:
         indices = torch.randint(0, v, (tokens,), generator=gen).to(ctx.device)
         weight = torch.randn(v, d, generator=gen).to(ctx.device, ctx.dtype).requires_grad_()
         counted = nbytes(v, d, tokens, esize)
+        steps = {}
         for name, fn in providers():
             try:
                 fns = fwd_bwd_fns(lambda fn=fn: fn(weight, indices), [weight])
@@ -70,8 +74,12 @@ def run(ctx: Context) -> list[dict]:
             if ctx.device.type == "cuda" and name in GPU_TIMED:
                 rows.append(measure(ctx, OP, case, name, "fwd+bwd", fns["fwd+bwd"], nbytes=counted["fwd+bwd"],
                                     gpu_time=True))
+            if ctx.device.type == "cuda" and name in ALTERNATED and "error" not in rows[-1]:
+                steps[name] = fns["fwd+bwd"]
             del fns
-        del weight, indices
+        if steps:
+            rows += alternated_rows(ctx, OP, case, "fwd+bwd", steps, nbytes=counted["fwd+bwd"])
+        del weight, indices, steps
         ctx.empty_cache()
     return rows
 

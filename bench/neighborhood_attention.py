@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import math
 import os
-import statistics
 import sys
 
 import torch
 import torch.nn.functional as F
 
-from bench.common import Context, error_row, measure, optional_import, row
+from bench.common import Context, alternated_rows, error_row, measure, optional_import
 
 OP = "neighborhood_attention"
 # (B, H, spatial, D, kernel)
@@ -183,32 +182,11 @@ def run(ctx: Context, sweep: bool = False, all_cases: bool = False, stream: bool
             ctx.empty_cache()
         if ctx.device.type == "cuda" and len(steps) == len(ALTERNATED):
             for mode in ("fwd", "fwd+bwd"):
-                rows += alternated_rows(ctx, label, mode, {name: fns[mode] for name, fns in steps.items()}, flops[mode])
+                rows += alternated_rows(ctx, OP, label, mode, {name: fns[mode] for name, fns in steps.items()},
+                                        flops=flops[mode])
         del q, k, v, grad_out, steps
         ctx.empty_cache()
     return rows
-
-
-def alternated_rows(ctx: Context, label: str, mode: str, steps: dict, flops: float, rounds: int = 5) -> list[dict]:
-    """Wall clock of the providers' calls timed in turn, `rounds` times, each row the median of its rounds. The
-    small cases' calls are host-bound (fusedops' eager calls, Flex's compiled graph), and the host's speed
-    drifts over a run by more than their difference (bench/NOTES.md neighborhood_attention run 26), so
-    timing one provider after the other can rank them either way; alternating puts both under the same
-    conditions."""
-    times: dict = {name: [] for name in steps}
-    try:
-        for _ in range(rounds):
-            for name, step in steps.items():
-                times[name].append(ctx.time(step))
-    except Exception as e:  # noqa: BLE001
-        return [error_row(OP, label, f"{name} (alternating)", mode, e) for name in steps]
-    out = []
-    for name, ms in times.items():
-        median = statistics.median(ms)
-        out.append(row(OP, label, f"{name} (alternating)", mode, ms=median, tflops=flops / (median * 1e-3) / 1e12))
-        rounds_ms = ", ".join(f"{x:.3f}" for x in ms)
-        ctx.progress(f"  {OP} {label} {name} (alternating) {mode}: {median:.4g} ms (rounds {rounds_ms})")
-    return out
 
 
 def _table(rows) -> str:

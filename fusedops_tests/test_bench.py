@@ -132,9 +132,9 @@ def test_missing_op_module_is_a_row_not_a_crash(monkeypatch):
 
 
 def test_alternated_rows_take_turns_and_report_medians():
-    """bench.neighborhood_attention times host-bound steps in alternation: each round times every
-    provider once, in order, and each row holds the median of its provider's rounds."""
-    from bench.neighborhood_attention import alternated_rows
+    """The benches time host-bound steps in alternation: each round times every provider once, in
+    order, and each row holds the median of its provider's rounds."""
+    from bench.common import alternated_rows
 
     calls = []
 
@@ -154,17 +154,19 @@ def test_alternated_rows_take_turns_and_report_medians():
     def b():
         return next(times["b"])
 
-    rows = alternated_rows(Clock(), "case", "fwd+bwd", {"fusedops": a, "flex": b}, flops=3e9, rounds=3)
+    rows = alternated_rows(Clock(), "op", "case", "fwd+bwd", {"fusedops": a, "flex": b}, flops=3e9, nbytes=6e9,
+                           rounds=3)
     assert calls == ["a", "b"] * 3
     by = {r["provider"]: r for r in rows}
     assert by["fusedops (alternating)"]["ms"] == 3.0 and by["flex (alternating)"]["ms"] == 4.0
     assert all(r["mode"] == "fwd+bwd" for r in rows)
     assert by["fusedops (alternating)"]["tflops"] == pytest.approx(3e9 / 3e-3 / 1e12)
+    assert by["flex (alternating)"]["tbps"] == pytest.approx(6e9 / 4e-3 / 1e12)
 
     def broken():
         raise RuntimeError("boom")
 
     times["a"] = iter([1.0, 1.0])
-    rows = alternated_rows(Clock(), "case", "fwd", {"fusedops": a, "flex": broken}, flops=1.0, rounds=2)
+    rows = alternated_rows(Clock(), "op", "case", "fwd", {"fusedops": a, "flex": broken}, flops=1.0, rounds=2)
     assert [r["provider"] for r in rows] == ["fusedops (alternating)", "flex (alternating)"]
     assert all("boom" in r["error"] for r in rows)
