@@ -6,8 +6,9 @@ it reuses the compiled kernel of an earlier launch with the same specialisation 
 arguments straight to Triton's launcher (`CompiledKernel.run`, which the runner of `compiled[grid]`
 calls too), skipping Triton's per-call binding and specialisation of every argument and the runner's
 device, stream and launch-metadata look-ups. On the H100 host one launch of the embedding backward
-kernel (12 arguments) costs ~25 us through kernel[grid](...), ~10 us through the runner; a fusedops
-step makes three to six launches (bench/NOTES.md, host time).
+kernel (12 arguments) costs 15-28 us through kernel[grid](...), 8-12 through the runner, 10-13 through
+this cache (22-27 when it called the runner); a fusedops step makes three to six launches
+(bench/NOTES.md, embedding run 15).
 
 The cache key holds everything Triton specialises on: the kernel, the grid, every scalar argument's
 value, the constexpr/launch options, the device, and each tensor's dtype and 16-byte alignment.
