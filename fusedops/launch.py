@@ -20,7 +20,7 @@ profilers) see every launch: while any is set, launches go through the runner.
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 from torch.library import wrap_triton
