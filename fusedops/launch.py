@@ -110,7 +110,7 @@ def _launch_cuda(kernel, grid, tensors, scalars, meta) -> None:
         if torch._C._cuda_getDevice() == device:
             entry(device, pointers, scalars)
         else:
-            with torch.cuda.device(device):
+            with device_switch(tensors[0]):
                 entry(device, pointers, scalars)
         return
     with device_switch(tensors[0]):
