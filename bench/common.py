@@ -190,6 +190,18 @@ def error_row(op: str, case: Any, provider: str, mode: str, error: Any) -> dict:
     return row(op, case, provider, mode, ms=None, error=msg.strip().splitlines()[0][:300] if msg.strip() else msg)
 
 
+def _with_rates(r: dict, nbytes: Optional[float], flops: Optional[float], ceiling_tbps: Optional[float] = None) -> dict:
+    """r with the rates of its ms: tbps (and pct_ceiling, given a measured ceiling) from nbytes, tflops from flops."""
+    ms = r["ms"]
+    if nbytes is not None:
+        r["tbps"] = nbytes / (ms * 1e-3) / 1e12
+        if ceiling_tbps and ceiling_tbps == ceiling_tbps:
+            r["pct_ceiling"] = 100.0 * r["tbps"] / ceiling_tbps
+    if flops is not None:
+        r["tflops"] = flops / (ms * 1e-3) / 1e12
+    return r
+
+
 def measure(
     ctx: Context,
     op: str,
@@ -210,13 +222,7 @@ def measure(
     ctx.progress(f"{op} {case_name(case)} {provider} {mode}")
     try:
         ms = gpu_time_ms(fn) if gpu_time else ctx.time(fn)
-        r = row(op, case, provider, mode, ms=ms)
-        if nbytes is not None:
-            r["tbps"] = nbytes / (ms * 1e-3) / 1e12
-            if ctx.ceiling_tbps and ctx.ceiling_tbps == ctx.ceiling_tbps:
-                r["pct_ceiling"] = 100.0 * r["tbps"] / ctx.ceiling_tbps
-        if flops is not None:
-            r["tflops"] = flops / (ms * 1e-3) / 1e12
+        r = _with_rates(row(op, case, provider, mode, ms=ms), nbytes, flops, ctx.ceiling_tbps)
         if memory:
             r["peak_mb"] = ctx.peak_mb(fn)
         # Report each row as it lands: a run cut short by a time limit still shows what it measured.
@@ -245,12 +251,7 @@ def alternated_rows(ctx: Context, op: str, case: Any, mode: str, steps: dict, *,
     out = []
     for name, ms in times.items():
         median = statistics.median(ms)
-        r = row(op, case, f"{name} (alternating)", mode, ms=median)
-        if nbytes is not None:
-            r["tbps"] = nbytes / (median * 1e-3) / 1e12
-        if flops is not None:
-            r["tflops"] = flops / (median * 1e-3) / 1e12
-        out.append(r)
+        out.append(_with_rates(row(op, case, f"{name} (alternating)", mode, ms=median), nbytes, flops))
         ctx.progress(f"  {op} {case_name(case)} {name} (alternating) {mode}: {median:.4g} ms "
                      f"(rounds {', '.join(f'{x:.3f}' for x in ms)})")
     return out
