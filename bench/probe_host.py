@@ -1,10 +1,11 @@
 """Where the host time of an eager embedding fwd+bwd step goes (CUDA): python -m bench.probe_host
 
 Each row is the host time of one call (calls issued back to back without a sync, so none waits on the
-GPU; best of several rounds, the rows timed in turn), for a size where the GPU never bounds the step (V=32768 D=768, 4096
-tokens): whole steps of torch, Liger and fusedops, then fusedops' pieces down to one kernel launch
-through each layer (fusedops.launch, Triton's runner, Triton's C launcher). The first row times a
-pure-Python loop, to compare this host's speed with another's.
+GPU; best of several rounds, the rows timed in turn), for a size where the GPU never bounds the step
+(V=32768 D=768, 4096 tokens): whole steps of torch, Liger and fusedops, then fusedops' pieces down to
+one kernel launch through each layer (fusedops.launch, Triton's runner, Triton's C launcher). The first
+row times a pure-Python loop, to compare this host's speed with another's. Then the backward's layers
+timed on autograd's device thread, a step timeline, and whether any call waits for the GPU.
 """
 
 from __future__ import annotations
@@ -17,21 +18,22 @@ import torch.nn.functional as F
 
 import fusedops
 from bench.common import optional_import
+from bench.host import host_ms
+from fusedops.registry import call_direct
 
 ROUNDS, REPS = 7, 50
 
 
-def host_us(fn, rounds: int = ROUNDS) -> float:
-    fn()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(rounds):
-        t = time.perf_counter()
-        for _ in range(REPS):
-            fn()
-        best = min(best, (time.perf_counter() - t) / REPS * 1e6)
-        torch.cuda.synchronize()
-    return best
+def _inputs(v: int, d: int, tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """weight [V, D] bf16 requiring grad, uniform indices [tokens], grad_out [tokens, D] bf16, on CUDA."""
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(v, d, generator=gen).to("cuda", torch.bfloat16).requires_grad_()
+    idx = torch.randint(0, v, (tokens,), generator=gen).cuda()
+    return w, idx, torch.randn(tokens, d, device="cuda", dtype=torch.bfloat16)
+
+
+def _fused_step(w, idx, go):
+    return torch.autograd.grad(fusedops.embedding(idx, w, check_bounds=False), [w], go)
 
 
 class _Identity(torch.autograd.Function):
@@ -45,8 +47,6 @@ class _Identity(torch.autograd.Function):
 
 
 def main(v: int = 32768, d: int = 768, tokens: int = 4096) -> None:
-    from torch._library.triton import set_wrap_triton_enabled
-
     from fusedops.embedding import op as emb
     from fusedops.embedding.kernels import embedding_bwd_kernel
     from fusedops.launch import _CACHE, launch
@@ -55,10 +55,7 @@ def main(v: int = 32768, d: int = 768, tokens: int = 4096) -> None:
     import triton
 
     print("torch", torch.__version__, "triton", triton.__version__)
-    gen = torch.Generator().manual_seed(0)
-    w = torch.randn(v, d, generator=gen).to("cuda", torch.bfloat16).requires_grad_()
-    idx = torch.randint(0, v, (tokens,), generator=gen).cuda()
-    go = torch.randn(tokens, d, device="cuda", dtype=torch.bfloat16)
+    w, idx, go = _inputs(v, d, tokens)
     target = target_for(w.device)
     try:
         liger = optional_import("liger_kernel.ops.experimental.embedding")
@@ -69,13 +66,13 @@ def main(v: int = 32768, d: int = 768, tokens: int = 4096) -> None:
     rows["torch F.embedding fwd+bwd"] = lambda: torch.autograd.grad(F.embedding(idx, w), [w], go)
     if liger is not None:
         rows["liger fwd+bwd"] = lambda: torch.autograd.grad(liger.LigerEmbeddingFunction.apply(w, idx), [w], go)
-    rows["fusedops fwd+bwd"] = lambda: torch.autograd.grad(fusedops.embedding(idx, w, check_bounds=False), [w], go)
+    rows["fusedops fwd+bwd"] = lambda: _fused_step(w, idx, go)
     from fusedops import launch as launch_mod
 
     def through_runner():  # every launch through Triton's runner (as while a launch hook is set)
         saved, launch_mod._hooks_set = launch_mod._hooks_set, lambda: True
         try:
-            return torch.autograd.grad(fusedops.embedding(idx, w, check_bounds=False), [w], go)
+            return _fused_step(w, idx, go)
         finally:
             launch_mod._hooks_set = saved
 
@@ -106,11 +103,8 @@ def main(v: int = 32768, d: int = 768, tokens: int = 4096) -> None:
 
     rows["Function fwd+bwd, [V,D] new_empty grad"] = lambda: torch.autograd.grad(EmptyGrad.apply(w, idx), [w], go)
 
-    def body(fn, *args):
-        def run():
-            with set_wrap_triton_enabled(False):
-                return fn(*args)
-        return run
+    def body(fn, *args):  # an op body with its launches direct, as the eager path runs it
+        return lambda: call_direct(fn, *args)
 
     rows["_backward body (keys, sort, offsets, bwd)"] = body(emb._backward, go, idx, v, -1, False, target)
     rows["_sorted_runs (keys, sort, offsets)"] = body(emb._sorted_runs, idx, v, target)
@@ -118,7 +112,7 @@ def main(v: int = 32768, d: int = 768, tokens: int = 4096) -> None:
     keys = idx.to(torch.int16)
     rows["torch.sort int16 stable"] = lambda: torch.sort(keys, stable=True)
     rows["new_empty [V, D]"] = lambda: go.new_empty((v, d))
-    rows["set_wrap_triton_enabled(False) enter+exit"] = body(lambda: None)
+    rows["call_direct of a no-op (set_wrap_triton_enabled)"] = body(lambda: None)
     rows["target_for"] = lambda: target_for(w.device)
     rows["check_args"] = lambda: emb.check_args(w, idx, None)
 
@@ -167,21 +161,19 @@ def main(v: int = 32768, d: int = 768, tokens: int = 4096) -> None:
     for _ in range(ROUNDS):  # rows in turn, so the host's drift during the run touches them alike
         for name, fn in rows.items():
             try:
-                best[name] = min(best[name], host_us(fn, rounds=1))
+                best[name] = min(best[name], host_ms(fn, REPS) * 1e3)
             except Exception as e:  # noqa: BLE001
                 best[name] = f"error {type(e).__name__}: {str(e)[:160]}"
     for name, us in best.items():
         print(f"{name:46s} {us:9.1f} us" if isinstance(us, float) else f"{name:46s} {us}", flush=True)
+
 
 def instrumented(v: int = 32768, d: int = 768, tokens: int = 4096, steps: int = 100) -> None:
     """Host time inside each layer of fusedops' backward, timed where it runs (autograd's device
     thread), next to the step's: per step, mean of `steps` steps."""
     from fusedops.embedding import op as emb
 
-    gen = torch.Generator().manual_seed(0)
-    w = torch.randn(v, d, generator=gen).to("cuda", torch.bfloat16).requires_grad_()
-    idx = torch.randint(0, v, (tokens,), generator=gen).cuda()
-    go = torch.randn(tokens, d, device="cuda", dtype=torch.bfloat16)
+    w, idx, go = _inputs(v, d, tokens)
     spent: dict[str, float] = {}
 
     def timed(name, fn):
@@ -203,14 +195,13 @@ def instrumented(v: int = 32768, d: int = 768, tokens: int = 4096, steps: int = 
         emb._Direct.backward = staticmethod(timed("backward rule (whole)", rule))
         sort = torch.sort
         torch.sort = timed("torch.sort", sort)
-        step = lambda: torch.autograd.grad(fusedops.embedding(idx, w, check_bounds=False), [w], go)  # noqa: E731
         for _ in range(10):
-            step()
+            _fused_step(w, idx, go)
         torch.cuda.synchronize()
         spent.clear()
         t = time.perf_counter()
         for _ in range(steps):
-            step()
+            _fused_step(w, idx, go)
         total = time.perf_counter() - t
         torch.cuda.synchronize()
     finally:
@@ -268,38 +259,32 @@ def timeline(w, idx, go, steps: int) -> None:
 
 
 def sync_check(v: int = 151936, d: int = 4096, tokens: int = 16384) -> None:
-    """Whether a call waits for the GPU: its host time right after a ~2 ms torch.cuda._sleep is queued
+    """Whether a call waits for the GPU: its host time right after a ~1 ms torch.cuda._sleep is queued
     (a call that syncs takes the sleep's remainder)."""
-    from torch._library.triton import set_wrap_triton_enabled
-
     from fusedops.embedding import op as emb
     from fusedops.targets import target_for
 
-    gen = torch.Generator().manual_seed(0)
-    idx = torch.randint(0, v, (tokens,), generator=gen).cuda()
-    w = torch.randn(v, d, generator=gen).to("cuda", torch.bfloat16).requires_grad_()
-    go = torch.randn(tokens, d, device="cuda", dtype=torch.bfloat16)
+    w, idx, go = _inputs(v, d, tokens)
     target = target_for(idx.device)
     k16, k32 = idx.to(torch.int16), idx.to(torch.int32)
     calls = {
         "torch.sort int16 stable": lambda: torch.sort(k16, stable=True),
         "torch.sort int32 stable": lambda: torch.sort(k32, stable=True),
-        "_sorted_runs": lambda: emb._sorted_runs(idx, v, target),
-        "_backward body": lambda: emb._backward(go, idx, v, -1, False, target),
+        "_sorted_runs": lambda: call_direct(emb._sorted_runs, idx, v, target),
+        "_backward body": lambda: call_direct(emb._backward, go, idx, v, -1, False, target),
         "fusedops fwd": lambda: fusedops.embedding(idx, w, check_bounds=False),
-        "fusedops fwd+bwd": lambda: torch.autograd.grad(fusedops.embedding(idx, w, check_bounds=False), [w], go),
+        "fusedops fwd+bwd": lambda: _fused_step(w, idx, go),
         "torch fwd+bwd": lambda: torch.autograd.grad(F.embedding(idx, w), [w], go),
     }
-    with set_wrap_triton_enabled(False):
-        for name, fn in calls.items():
-            fn()
-            torch.cuda.synchronize()
-            torch.cuda._sleep(2_000_000_000 // 1000)  # ~1-2 ms of GPU time at ~1.5-2 GHz
-            t = time.perf_counter()
-            fn()
-            host = (time.perf_counter() - t) * 1e6
-            torch.cuda.synchronize()
-            print(f"sync check {name:28s} host {host:8.1f} us behind a queued GPU sleep")
+    for name, fn in calls.items():
+        fn()
+        torch.cuda.synchronize()
+        torch.cuda._sleep(2_000_000)  # cycles: ~1-1.3 ms of GPU time at 1.5-2 GHz
+        t = time.perf_counter()
+        fn()
+        host = (time.perf_counter() - t) * 1e6
+        torch.cuda.synchronize()
+        print(f"sync check {name:28s} host {host:8.1f} us behind a queued GPU sleep")
 
 
 if __name__ == "__main__":
