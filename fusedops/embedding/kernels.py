@@ -49,10 +49,11 @@ def _four_rows(g_ptr, perm_ptr, p0, stop, N, G_S0, cols, d_mask):
     t1 = tl.load(perm_ptr + tl.minimum(p0 + 1, N - 1)).to(tl.int64)
     t2 = tl.load(perm_ptr + tl.minimum(p0 + 2, N - 1)).to(tl.int64)
     t3 = tl.load(perm_ptr + tl.minimum(p0 + 3, N - 1)).to(tl.int64)
-    g0 = tl.load(g_ptr + t0 * G_S0 + cols, mask=d_mask & (p0 < stop), other=0.0)
-    g1 = tl.load(g_ptr + t1 * G_S0 + cols, mask=d_mask & (p0 + 1 < stop), other=0.0)
-    g2 = tl.load(g_ptr + t2 * G_S0 + cols, mask=d_mask & (p0 + 2 < stop), other=0.0)
-    g3 = tl.load(g_ptr + t3 * G_S0 + cols, mask=d_mask & (p0 + 3 < stop), other=0.0)
+    # Each gradient row is read once: evict_first (see embedding_bwd_kernel).
+    g0 = tl.load(g_ptr + t0 * G_S0 + cols, mask=d_mask & (p0 < stop), other=0.0, eviction_policy="evict_first")
+    g1 = tl.load(g_ptr + t1 * G_S0 + cols, mask=d_mask & (p0 + 1 < stop), other=0.0, eviction_policy="evict_first")
+    g2 = tl.load(g_ptr + t2 * G_S0 + cols, mask=d_mask & (p0 + 2 < stop), other=0.0, eviction_policy="evict_first")
+    g3 = tl.load(g_ptr + t3 * G_S0 + cols, mask=d_mask & (p0 + 3 < stop), other=0.0, eviction_policy="evict_first")
     return g0, g1, g2, g3
 
 
@@ -87,6 +88,9 @@ def embedding_bwd_kernel(
     no gathers: they are bound by store bandwidth, run items by the gathers' latency. The item order
     interleaves them (one run item, then ZEROS_PER_RUN zero tiles, repeated; the leftover zero tiles
     last) so programs of both kinds are resident together and the gathers hide under the stores.
+    Gradient rows are read once and grad_weight rows written once, so both go through L2 with
+    evict_first, leaving it to the keys, perm and offsets every program reads (H100: -1..-3%, a Zipf
+    batch at D = 768 -13%; bench/NOTES.md, embedding run 16).
     """
     pid = tl.program_id(0)
     d_blocks = tl.cdiv(D, BLOCK_D)
@@ -123,7 +127,8 @@ def embedding_bwd_kernel(
                 acc = _add4(_add4(acc, g0, g1, g2, g3), g4, g5, g6, g7)
             if SCALE:
                 acc = acc / tl.maximum(stop - pos, 1).to(tl.float32)
-            tl.store(gw_ptr + key * D + d, acc.to(gw_ptr.dtype.element_ty), mask=d_mask & starts)
+            tl.store(gw_ptr + key * D + d, acc.to(gw_ptr.dtype.element_ty), mask=d_mask & starts,
+                     eviction_policy="evict_first")
         else:
             # Names differ from the run branch's: Triton requires a name bound in both branches to have
             # one type.
@@ -136,7 +141,8 @@ def embedding_bwd_kernel(
             last = tl.load(offs_ptr + rows + 1, mask=in_range, other=0)
             empty = (first == last) | (rows == PAD)
             zeros = tl.zeros([BLOCK_R, BLOCK_D], dtype=gw_ptr.dtype.element_ty)
-            tl.store(gw_ptr + rows * D + cols_z, zeros, mask=in_range & empty & (cols_z < D))
+            tl.store(gw_ptr + rows * D + cols_z, zeros, mask=in_range & empty & (cols_z < D),
+                     eviction_policy="evict_first")
 
 
 @triton.jit
