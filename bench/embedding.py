@@ -123,10 +123,11 @@ WHOLE_ROW_VARIANTS = [(4, 256, 2, None), (4, 0, 2, None), (4, 0, 4, None), (2, 0
 
 
 def sweep_bwd(cases=((151936, 4096, 16384), (131072, 4096, 16384), (50257, 1600, 8192), (32768, 768, 16384)),
-              variants=BWD_VARIANTS) -> None:
+              variants=BWD_VARIANTS, evict: str = "") -> None:
     """Backward-kernel tile variants (tile shape, warps, register cap), kernel-only, uniform and
     Zipf(1.1) indices, each result checked bitwise against the first; every variant twice, with the
-    run items first (ZEROS_PER_RUN = 0, the v5 order) and interleaved with the zero tiles (the plan's).
+    run items first (ZEROS_PER_RUN = 0, the v5 order) and interleaved with the zero tiles (the plan's);
+    evict: the L2 eviction policy of the once-touched loads and stores (the kernel's EVICT).
     python -c "from bench.embedding import sweep_bwd; sweep_bwd()" """
     import triton.testing
 
@@ -166,7 +167,7 @@ def sweep_bwd(cases=((151936, 4096, 16384), (131072, 4096, 16384), (50257, 1600,
                 grid = plan.tiles(v, d) + tokens * -(-d // block_d)
                 for mix in (0, plan.zeros_per_run(v, tokens)):
                     gw = torch.empty(v, d, device="cuda", dtype=torch.bfloat16)
-                    opts = dict(SCALE=False, BLOCK_R=rows, BLOCK_D=block_d, num_warps=warps,
+                    opts = dict(SCALE=False, BLOCK_R=rows, BLOCK_D=block_d, EVICT=evict, num_warps=warps,
                                 **({"maxnreg": maxnreg} if maxnreg else {}))
                     runs.append((f"{rows}x{block_d} w{warps} maxnreg={maxnreg} zeros/run={mix}", gw,
                                  lambda gw=gw, grid=grid, opts=opts, mix=mix: embedding_bwd_kernel[(grid,)](

@@ -122,7 +122,7 @@ def main(v: int = 32768, d: int = 768, tokens: int = 4096) -> None:
     plan = emb.make_plan(target, v, d, 2, backward=True, tokens=tokens)
     tensors = (go, keys_s, perm, offsets, gw)
     scalars = (v, d, tokens, go.stride(0), go.stride(1), -1, plan.zeros_per_run(v, tokens))
-    meta = dict(SCALE=False, BLOCK_R=plan.block_rows, BLOCK_D=plan.block_d, num_warps=plan.num_warps,
+    meta = dict(SCALE=False, BLOCK_R=plan.block_rows, BLOCK_D=plan.block_d, EVICT=plan.evict, num_warps=plan.num_warps,
                 **({"maxnreg": plan.max_registers} if plan.max_registers else {}))
     rows["fusedops.launch (cached)"] = body(launch, embedding_bwd_kernel, (plan.grid,), tensors, scalars, meta)
     compiled = embedding_bwd_kernel[(plan.grid,)](*tensors, *scalars, **meta)

@@ -30,7 +30,7 @@ from fusedops.targets import cuda_target
 
 @triton.jit
 def _run_items(g_ptr, keys_ptr, perm_ptr, offs_ptr, gw_ptr, V, D, N, G_S0, G_S1, PAD,
-               BLOCK_D: tl.constexpr):
+               BLOCK_D: tl.constexpr, EVICT: tl.constexpr):
     """The run branch of embedding_bwd_kernel alone: one program per (sorted position, feature block)."""
     item = tl.program_id(0)
     d_blocks = tl.cdiv(D, BLOCK_D)
@@ -44,13 +44,13 @@ def _run_items(g_ptr, keys_ptr, perm_ptr, offs_ptr, gw_ptr, V, D, N, G_S0, G_S1,
         stop = tl.load(offs_ptr + tl.minimum(key + 1, V))
         cols = d * G_S1
         acc = tl.zeros([1, BLOCK_D], dtype=tl.float32)
-        g0, g1, g2, g3 = _four_rows(g_ptr, perm_ptr, pos, stop, N, G_S0, cols, d_mask)
+        g0, g1, g2, g3 = _four_rows(g_ptr, perm_ptr, pos, stop, N, G_S0, cols, d_mask, EVICT)
         acc = _add4(acc, g0, g1, g2, g3)
         for p0 in range(pos + 4, stop, 8):
-            g0, g1, g2, g3 = _four_rows(g_ptr, perm_ptr, p0, stop, N, G_S0, cols, d_mask)
-            g4, g5, g6, g7 = _four_rows(g_ptr, perm_ptr, p0 + 4, stop, N, G_S0, cols, d_mask)
+            g0, g1, g2, g3 = _four_rows(g_ptr, perm_ptr, p0, stop, N, G_S0, cols, d_mask, EVICT)
+            g4, g5, g6, g7 = _four_rows(g_ptr, perm_ptr, p0 + 4, stop, N, G_S0, cols, d_mask, EVICT)
             acc = _add4(_add4(acc, g0, g1, g2, g3), g4, g5, g6, g7)
-        tl.store(gw_ptr + key * D + d, acc.to(gw_ptr.dtype.element_ty), mask=d_mask)
+        tl.store(gw_ptr + key * D + d, acc.to(gw_ptr.dtype.element_ty), mask=d_mask, eviction_policy=EVICT)
 
 
 @triton.jit
@@ -98,7 +98,7 @@ class Step:
         p = self.bplan
         embedding_bwd_kernel[(p.grid,)](self.g, keys, perm, offs, self.gw, self.v, self.d, self.tokens,
                                         self.g.stride(0), self.g.stride(1), -1, p.zeros_per_run(self.v, self.tokens),
-                                        SCALE=False, BLOCK_R=p.block_rows, BLOCK_D=p.block_d,
+                                        SCALE=False, BLOCK_R=p.block_rows, BLOCK_D=p.block_d, EVICT=p.evict,
                                         num_warps=p.num_warps, maxnreg=p.max_registers)
 
     def zeros(self):
@@ -111,8 +111,8 @@ class Step:
         p = self.bplan
         _run_items[(self.tokens * -(-self.d // p.block_d),)](self.g, keys, perm, offs, self.gw, self.v, self.d,
                                                              self.tokens, self.g.stride(0), self.g.stride(1), -1,
-                                                             BLOCK_D=p.block_d, num_warps=p.num_warps,
-                                                             maxnreg=p.max_registers)
+                                                             BLOCK_D=p.block_d, EVICT=p.evict,
+                                                             num_warps=p.num_warps, maxnreg=p.max_registers)
 
     def on_side(self, fn):
         main = torch.cuda.current_stream()

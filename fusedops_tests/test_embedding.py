@@ -268,7 +268,7 @@ def test_kernels_mask_out_of_range_indices(plan, tiled, request, monkeypatch):
         p = make_plan(target, V, D, 4, backward=True, tokens=indices.numel())
         embedding_bwd_kernel[(p.grid,)](
             grad_out, keys, perm, offsets, gw, V, D, indices.numel(), grad_out.stride(0), grad_out.stride(1), -1,
-            p.zeros_per_run(V, indices.numel()), SCALE=True, BLOCK_R=p.block_rows, BLOCK_D=p.block_d,
+            p.zeros_per_run(V, indices.numel()), SCALE=True, BLOCK_R=p.block_rows, BLOCK_D=p.block_d, EVICT=p.evict,
         )
         assert intact(), "backward wrote outside grad_weight"
         ref = torch_reference(weight, indices[ok], grad_out[ok], None, True)[1]
@@ -300,7 +300,7 @@ def test_backward_item_order_does_not_change_the_bits(plan, request, monkeypatch
             gw = torch.full((V, D), float("nan"))
             embedding_bwd_kernel[(p.grid,)](
                 grad_out, keys, perm, offsets, gw, V, D, indices.numel(), D, 1, pad, zeros_per_run,
-                SCALE=False, BLOCK_R=p.block_rows, BLOCK_D=p.block_d,
+                SCALE=False, BLOCK_R=p.block_rows, BLOCK_D=p.block_d, EVICT=p.evict,
             )
             results.append(gw)
         ref = torch_reference(torch.randn(V, D), indices, grad_out, pad, False)[1]
@@ -482,17 +482,21 @@ def test_plans_fit_targets(V, D, elem):
     assert p.grid == ascend.vector_cores  # persistent: one program per vector core, grid-stride loop
 
 
-@pytest.mark.parametrize("V, D, shape, warps, cap", [
-    (151936, 4096, (4, 1024), 4, 128), (32768, 768, (4, 256), 2, None), (50257, 1600, (4, 256), 2, None),
-    (10**6, 7, (64, 8), 2, None), (1000, 100, (32, 16), 2, None)])
-def test_cuda_backward_plan_is_the_measured_one(V, D, shape, warps, cap):
-    """The H100 backward plan (bench/NOTES.md, embedding v5): 4-row tiles (at least 512 elements for
-    narrow rows); 1024-wide feature blocks on 4 warps with registers capped at 128, shorter ones on 2
-    warps uncapped; one program per work item: run items (tokens x feature blocks) and zero tiles."""
+@pytest.mark.parametrize("V, D, shape, warps, cap, evict", [
+    (151936, 4096, (4, 1024), 4, 128, ""), (32768, 768, (4, 256), 2, None, "evict_first"),
+    (50257, 1600, (4, 256), 2, None, "evict_first"), (10**6, 7, (64, 8), 2, None, "evict_first"),
+    (1000, 100, (32, 16), 2, None, "evict_first")])
+def test_cuda_backward_plan_is_the_measured_one(V, D, shape, warps, cap, evict):
+    """The H100 backward plan (bench/NOTES.md, embedding v5 and run 16): 4-row tiles (at least 512
+    elements for narrow rows); 1024-wide feature blocks on 4 warps with registers capped at 128, shorter
+    ones on 2 warps uncapped and their once-touched traffic evict_first; one program per work item: run
+    items (tokens x feature blocks) and zero tiles. Other targets keep the default eviction policy."""
     p = make_plan(H100, V, D, 2, backward=True, tokens=3000)
-    assert (p.block_rows, p.block_d, p.num_warps, p.max_registers) == (*shape, warps, cap)
+    assert (p.block_rows, p.block_d, p.num_warps, p.max_registers, p.evict) == (*shape, warps, cap, evict)
     assert p.grid == p.tiles(V, D) + 3000 * -(-D // p.block_d)
     assert make_plan(H100, 4096, D, 2, backward=False).max_registers is None
+    for other in (cuda_target(interpreted=True), ascend_target(interpreted=True)):
+        assert make_plan(other, V, D, 2, backward=True, tokens=3000).evict == ""
 
 
 # ----- real kernels on a GPU ------------------------------------------------------------------------

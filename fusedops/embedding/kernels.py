@@ -43,17 +43,17 @@ def embedding_fwd_kernel(
 
 
 @triton.jit
-def _four_rows(g_ptr, perm_ptr, p0, stop, N, G_S0, cols, d_mask):
-    """The gradient rows of sorted positions p0 .. p0 + 3 ([1, BLOCK_D] each; zeros from stop on)."""
+def _four_rows(g_ptr, perm_ptr, p0, stop, N, G_S0, cols, d_mask, EVICT: tl.constexpr):
+    """The gradient rows of sorted positions p0 .. p0 + 3 ([1, BLOCK_D] each; zeros from stop on), read
+    with the L2 eviction policy EVICT ("" is the default)."""
     t0 = tl.load(perm_ptr + tl.minimum(p0, N - 1)).to(tl.int64)
     t1 = tl.load(perm_ptr + tl.minimum(p0 + 1, N - 1)).to(tl.int64)
     t2 = tl.load(perm_ptr + tl.minimum(p0 + 2, N - 1)).to(tl.int64)
     t3 = tl.load(perm_ptr + tl.minimum(p0 + 3, N - 1)).to(tl.int64)
-    # Each gradient row is read once: evict_first (see embedding_bwd_kernel).
-    g0 = tl.load(g_ptr + t0 * G_S0 + cols, mask=d_mask & (p0 < stop), other=0.0, eviction_policy="evict_first")
-    g1 = tl.load(g_ptr + t1 * G_S0 + cols, mask=d_mask & (p0 + 1 < stop), other=0.0, eviction_policy="evict_first")
-    g2 = tl.load(g_ptr + t2 * G_S0 + cols, mask=d_mask & (p0 + 2 < stop), other=0.0, eviction_policy="evict_first")
-    g3 = tl.load(g_ptr + t3 * G_S0 + cols, mask=d_mask & (p0 + 3 < stop), other=0.0, eviction_policy="evict_first")
+    g0 = tl.load(g_ptr + t0 * G_S0 + cols, mask=d_mask & (p0 < stop), other=0.0, eviction_policy=EVICT)
+    g1 = tl.load(g_ptr + t1 * G_S0 + cols, mask=d_mask & (p0 + 1 < stop), other=0.0, eviction_policy=EVICT)
+    g2 = tl.load(g_ptr + t2 * G_S0 + cols, mask=d_mask & (p0 + 2 < stop), other=0.0, eviction_policy=EVICT)
+    g3 = tl.load(g_ptr + t3 * G_S0 + cols, mask=d_mask & (p0 + 3 < stop), other=0.0, eviction_policy=EVICT)
     return g0, g1, g2, g3
 
 
@@ -71,7 +71,7 @@ def _add4(acc, g0, g1, g2, g3):
 def embedding_bwd_kernel(
     g_ptr, keys_ptr, perm_ptr, offs_ptr, gw_ptr,
     V, D, N, G_S0, G_S1, PAD, ZEROS_PER_RUN,
-    SCALE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+    SCALE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, EVICT: tl.constexpr,
 ):
     """grad_weight[v, d] = s_v * sum over tokens t with idx[t] == v of grad_out[t, d], in token order.
 
@@ -88,9 +88,9 @@ def embedding_bwd_kernel(
     no gathers: they are bound by store bandwidth, run items by the gathers' latency. The item order
     interleaves them (one run item, then ZEROS_PER_RUN zero tiles, repeated; the leftover zero tiles
     last) so programs of both kinds are resident together and the gathers hide under the stores.
-    Gradient rows are read once and grad_weight rows written once, so both go through L2 with
-    evict_first, leaving it to the keys, perm and offsets every program reads (H100: -1..-3%, a Zipf
-    batch at D = 768 -13%; bench/NOTES.md, embedding run 16).
+    Gradient rows are read once and grad_weight rows written once: both go through L2 with the
+    eviction policy EVICT (the plan's: "evict_first" leaves L2 to the keys, perm and offsets every
+    program reads where that measured faster).
     """
     pid = tl.program_id(0)
     d_blocks = tl.cdiv(D, BLOCK_D)
@@ -119,16 +119,16 @@ def embedding_bwd_kernel(
             # every run of a uniform batch), then eight per step, so the long runs of frequent tokens
             # (a Zipf batch's hottest row is named ~2000 times in 16K tokens) keep eight gathers in
             # flight. H100 (bench/NOTES.md, embedding v9): Zipf batches -23..-38%, uniform +2%.
-            g0, g1, g2, g3 = _four_rows(g_ptr, perm_ptr, pos, stop, N, G_S0, cols, d_mask)
+            g0, g1, g2, g3 = _four_rows(g_ptr, perm_ptr, pos, stop, N, G_S0, cols, d_mask, EVICT)
             acc = _add4(acc, g0, g1, g2, g3)
             for p0 in range(pos + 4, stop, 8):
-                g0, g1, g2, g3 = _four_rows(g_ptr, perm_ptr, p0, stop, N, G_S0, cols, d_mask)
-                g4, g5, g6, g7 = _four_rows(g_ptr, perm_ptr, p0 + 4, stop, N, G_S0, cols, d_mask)
+                g0, g1, g2, g3 = _four_rows(g_ptr, perm_ptr, p0, stop, N, G_S0, cols, d_mask, EVICT)
+                g4, g5, g6, g7 = _four_rows(g_ptr, perm_ptr, p0 + 4, stop, N, G_S0, cols, d_mask, EVICT)
                 acc = _add4(_add4(acc, g0, g1, g2, g3), g4, g5, g6, g7)
             if SCALE:
                 acc = acc / tl.maximum(stop - pos, 1).to(tl.float32)
             tl.store(gw_ptr + key * D + d, acc.to(gw_ptr.dtype.element_ty), mask=d_mask & starts,
-                     eviction_policy="evict_first")
+                     eviction_policy=EVICT)
         else:
             # Names differ from the run branch's: Triton requires a name bound in both branches to have
             # one type.
@@ -142,7 +142,7 @@ def embedding_bwd_kernel(
             empty = (first == last) | (rows == PAD)
             zeros = tl.zeros([BLOCK_R, BLOCK_D], dtype=gw_ptr.dtype.element_ty)
             tl.store(gw_ptr + rows * D + cols_z, zeros, mask=in_range & empty & (cols_z < D),
-                     eviction_policy="evict_first")
+                     eviction_policy=EVICT)
 
 
 @triton.jit

@@ -124,7 +124,8 @@ def _backward(
         embedding_bwd_kernel, (plan.grid,), (grad2d, keys, perm, offsets, grad_weight),
         (num_weights, dim, tokens, grad2d.stride(0), grad2d.stride(1), padding_idx,
          plan.zeros_per_run(num_weights, tokens)),
-        dict(SCALE=scale_grad_by_freq, BLOCK_R=plan.block_rows, BLOCK_D=plan.block_d, num_warps=plan.num_warps,
+        dict(SCALE=scale_grad_by_freq, BLOCK_R=plan.block_rows, BLOCK_D=plan.block_d, EVICT=plan.evict,
+             num_warps=plan.num_warps,
              **({"maxnreg": plan.max_registers} if plan.max_registers else {})),
     )
     return grad_weight

@@ -38,6 +38,11 @@ CUDA_BWD_MIN_TILE_ELEMENTS = 512
 CUDA_BWD_WARPS = 4
 CUDA_BWD_NARROW_WARPS = 2
 CUDA_BWD_MAX_REGISTERS = 128
+# L2 eviction policy of the backward's once-touched traffic (gradient rows read, grad_weight rows
+# written). H100 fwd+bwd step as a CUDA graph (bench/NOTES.md, embedding run 16): "evict_first" on the
+# narrow plan: D = 1600 -3% uniform / -1.7% Zipf(1.1), D = 768 -1.3% / -10.5%; on the 1024-wide plan it
+# trades -2.3% uniform for +3..+4% Zipf, and language-model batches are Zipf-like, so there it stays "".
+CUDA_BWD_NARROW_EVICT = "evict_first"
 
 
 # The backward's run detection: sort keys as narrow as the target's sort is known to take (CUDA: 16-bit
@@ -73,6 +78,7 @@ class Plan:
     grid: int  # programs launched; each loops over tiles pid, pid + grid, ...
     num_warps: int
     max_registers: Optional[int] = None  # per thread (CUDA's maxnreg), None: the compiler's choice
+    evict: str = ""  # backward: L2 eviction policy of its once-touched loads and stores ("": default)
 
     def tiles(self, rows: int, dim: int) -> int:
         return -(-rows // self.block_rows) * -(-dim // self.block_d)
@@ -107,7 +113,7 @@ def make_plan(target: Target, rows: int, dim: int, elem_size: int, *, backward: 
     largest = prev_pow2(budget)
     hint = size_hint(rows)  # tile shapes from the (hinted) size; tiles and the grid from the real one
     cuda = target.vendor == "cuda" and not target.interpreted
-    max_registers = None
+    max_registers, evict = None, ""
     if cuda and backward:
         block_d = _block_d(dim, min_d, min(CUDA_BWD_MAX_BLOCK_D, largest))
         rows_wanted = max(CUDA_BWD_ROWS, CUDA_BWD_MIN_TILE_ELEMENTS // block_d)
@@ -115,7 +121,7 @@ def make_plan(target: Target, rows: int, dim: int, elem_size: int, *, backward: 
         if block_d >= CUDA_BWD_MAX_BLOCK_D:
             num_warps, max_registers = CUDA_BWD_WARPS, CUDA_BWD_MAX_REGISTERS
         else:
-            num_warps = CUDA_BWD_NARROW_WARPS
+            num_warps, evict = CUDA_BWD_NARROW_WARPS, CUDA_BWD_NARROW_EVICT
     else:
         if cuda:
             wanted = min(largest, max(CUDA_TILE_BYTES // elem_size, 1))
@@ -130,4 +136,4 @@ def make_plan(target: Target, rows: int, dim: int, elem_size: int, *, backward: 
     if backward:
         tiles += tokens * -(-max(dim, 1) // block_d)
     return Plan(block_rows=block_rows, block_d=block_d, grid=target.grid_size(tiles), num_warps=num_warps,
-                max_registers=max_registers)
+                max_registers=max_registers, evict=evict)
