@@ -23,7 +23,7 @@ import triton.testing
 
 from bench.common import measure_ceiling
 from fusedops.embedding import op as emb
-from fusedops.embedding.kernels import _add4, _four_rows, embedding_bwd_kernel, embedding_fwd_kernel
+from fusedops.embedding.kernels import _run_item, _zero_tile, embedding_bwd_kernel, embedding_fwd_kernel
 from fusedops.embedding.plan import make_plan
 from fusedops.targets import cuda_target
 
@@ -31,43 +31,16 @@ from fusedops.targets import cuda_target
 @triton.jit
 def _run_items(g_ptr, keys_ptr, perm_ptr, offs_ptr, gw_ptr, V, D, N, G_S0, G_S1, PAD,
                BLOCK_D: tl.constexpr, EVICT: tl.constexpr):
-    """The run branch of embedding_bwd_kernel alone: one program per (sorted position, feature block)."""
-    item = tl.program_id(0)
-    d_blocks = tl.cdiv(D, BLOCK_D)
-    pos = item // d_blocks
-    d = (item - pos * d_blocks).to(tl.int64) * BLOCK_D + tl.arange(0, BLOCK_D)[None, :]
-    d_mask = d < D
-    key = tl.load(keys_ptr + pos).to(tl.int64)
-    prev = tl.load(keys_ptr + tl.maximum(pos - 1, 0)).to(tl.int64)
-    starts = ((pos == 0) | (key != prev)) & (key >= 0) & (key < V) & (key != PAD)
-    if starts:
-        stop = tl.load(offs_ptr + tl.minimum(key + 1, V))
-        cols = d * G_S1
-        acc = tl.zeros([1, BLOCK_D], dtype=tl.float32)
-        g0, g1, g2, g3 = _four_rows(g_ptr, perm_ptr, pos, stop, N, G_S0, cols, d_mask, EVICT)
-        acc = _add4(acc, g0, g1, g2, g3)
-        for p0 in range(pos + 4, stop, 8):
-            g0, g1, g2, g3 = _four_rows(g_ptr, perm_ptr, p0, stop, N, G_S0, cols, d_mask, EVICT)
-            g4, g5, g6, g7 = _four_rows(g_ptr, perm_ptr, p0 + 4, stop, N, G_S0, cols, d_mask, EVICT)
-            acc = _add4(_add4(acc, g0, g1, g2, g3), g4, g5, g6, g7)
-        tl.store(gw_ptr + key * D + d, acc.to(gw_ptr.dtype.element_ty), mask=d_mask, eviction_policy=EVICT)
+    """The run items of embedding_bwd_kernel alone: one program per (sorted position, feature block)."""
+    _run_item(g_ptr, keys_ptr, perm_ptr, offs_ptr, gw_ptr, tl.program_id(0), V, D, N, G_S0, G_S1, PAD,
+              False, BLOCK_D, EVICT)
 
 
 @triton.jit
-def _zero_tiles(offs_ptr, gw_ptr, V, D, PAD, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
-    """The zero branch of embedding_bwd_kernel alone: one program per (row block, feature block), with
+def _zero_tiles(offs_ptr, gw_ptr, V, D, PAD, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, EVICT: tl.constexpr):
+    """The zero tiles of embedding_bwd_kernel alone: one program per (row block, feature block), with
     the few registers stores need (the op's kernel is compiled for its run branch's 125)."""
-    tile = tl.program_id(0)
-    d_blocks = tl.cdiv(D, BLOCK_D)
-    rb = tile // d_blocks
-    cols = (tile - rb * d_blocks).to(tl.int64) * BLOCK_D + tl.arange(0, BLOCK_D)[None, :]
-    rows = rb.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
-    in_range = rows < V
-    first = tl.load(offs_ptr + rows, mask=in_range, other=0)
-    last = tl.load(offs_ptr + rows + 1, mask=in_range, other=0)
-    empty = (first == last) | (rows == PAD)
-    tl.store(gw_ptr + rows * D + cols, tl.zeros([BLOCK_R, BLOCK_D], gw_ptr.dtype.element_ty),
-             mask=in_range & empty & (cols < D))
+    _zero_tile(offs_ptr, gw_ptr, tl.program_id(0), V, D, PAD, BLOCK_R, BLOCK_D, EVICT)
 
 
 class Step:
@@ -104,7 +77,8 @@ class Step:
     def zeros(self):
         p = self.bplan
         _zero_tiles[(p.tiles(self.v, self.d),)](self.runs[2], self.gw, self.v, self.d, -1,
-                                                BLOCK_R=p.block_rows, BLOCK_D=p.block_d, num_warps=p.num_warps)
+                                                BLOCK_R=p.block_rows, BLOCK_D=p.block_d, EVICT=p.evict,
+                                                num_warps=p.num_warps)
 
     def run_items(self):
         keys, perm, offs = self.runs

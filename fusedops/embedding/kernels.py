@@ -68,6 +68,55 @@ def _add4(acc, g0, g1, g2, g3):
 
 
 @triton.jit
+def _run_item(g_ptr, keys_ptr, perm_ptr, offs_ptr, gw_ptr, item, V, D, N, G_S0, G_S1, PAD,
+              SCALE: tl.constexpr, BLOCK_D: tl.constexpr, EVICT: tl.constexpr):
+    """Run item `item` (sorted position x feature block) of embedding_bwd_kernel: a position that starts
+    the run of an in-range, non-padding index sums the run's gradient rows in fp32, in token order, and
+    stores that row; any other position does nothing."""
+    d_blocks = tl.cdiv(D, BLOCK_D)
+    pos = item // d_blocks
+    d = (item - pos * d_blocks).to(tl.int64) * BLOCK_D + tl.arange(0, BLOCK_D)[None, :]
+    d_mask = d < D
+    key = tl.load(keys_ptr + pos).to(tl.int64)
+    prev = tl.load(keys_ptr + tl.maximum(pos - 1, 0)).to(tl.int64)
+    starts = ((pos == 0) | (key != prev)) & (key >= 0) & (key < V) & (key != PAD)
+    stop = tl.load(offs_ptr + tl.minimum(tl.maximum(key + 1, 0), V))
+    stop = tl.where(starts, stop, pos)
+    cols = d * G_S1
+    acc = tl.zeros([1, BLOCK_D], dtype=tl.float32)
+    # Loads are issued before the adds, which stay in token order: four tokens first (nearly every run
+    # of a uniform batch), then eight per step, so the long runs of frequent tokens (a Zipf batch's
+    # hottest row is named ~2000 times in 16K tokens) keep eight gathers in flight. H100
+    # (bench/NOTES.md, embedding v9): Zipf batches -23..-38%, uniform +2%.
+    g0, g1, g2, g3 = _four_rows(g_ptr, perm_ptr, pos, stop, N, G_S0, cols, d_mask, EVICT)
+    acc = _add4(acc, g0, g1, g2, g3)
+    for p0 in range(pos + 4, stop, 8):
+        g0, g1, g2, g3 = _four_rows(g_ptr, perm_ptr, p0, stop, N, G_S0, cols, d_mask, EVICT)
+        g4, g5, g6, g7 = _four_rows(g_ptr, perm_ptr, p0 + 4, stop, N, G_S0, cols, d_mask, EVICT)
+        acc = _add4(_add4(acc, g0, g1, g2, g3), g4, g5, g6, g7)
+    if SCALE:
+        acc = acc / tl.maximum(stop - pos, 1).to(tl.float32)
+    tl.store(gw_ptr + key * D + d, acc.to(gw_ptr.dtype.element_ty), mask=d_mask & starts, eviction_policy=EVICT)
+
+
+@triton.jit
+def _zero_tile(offs_ptr, gw_ptr, tile, V, D, PAD,
+               BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, EVICT: tl.constexpr):
+    """Zero tile `tile` (BLOCK_R rows x BLOCK_D features) of embedding_bwd_kernel: zeros to the rows no
+    token names (an empty run in offs) and to the padding row."""
+    d_blocks = tl.cdiv(D, BLOCK_D)
+    rb = tile // d_blocks
+    cols = (tile - rb * d_blocks).to(tl.int64) * BLOCK_D + tl.arange(0, BLOCK_D)[None, :]
+    rows = rb.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
+    in_range = rows < V
+    first = tl.load(offs_ptr + rows, mask=in_range, other=0)
+    last = tl.load(offs_ptr + rows + 1, mask=in_range, other=0)
+    empty = (first == last) | (rows == PAD)
+    zeros = tl.zeros([BLOCK_R, BLOCK_D], dtype=gw_ptr.dtype.element_ty)
+    tl.store(gw_ptr + rows * D + cols, zeros, mask=in_range & empty & (cols < D), eviction_policy=EVICT)
+
+
+@triton.jit
 def embedding_bwd_kernel(
     g_ptr, keys_ptr, perm_ptr, offs_ptr, gw_ptr,
     V, D, N, G_S0, G_S1, PAD, ZEROS_PER_RUN,
@@ -105,44 +154,11 @@ def embedding_bwd_kernel(
         group = item // period
         slot = item - group * period
         if (item < mixed) & (slot == 0):
-            pos = group // d_blocks
-            d = (group - pos * d_blocks).to(tl.int64) * BLOCK_D + tl.arange(0, BLOCK_D)[None, :]
-            d_mask = d < D
-            key = tl.load(keys_ptr + pos).to(tl.int64)
-            prev = tl.load(keys_ptr + tl.maximum(pos - 1, 0)).to(tl.int64)
-            starts = ((pos == 0) | (key != prev)) & (key >= 0) & (key < V) & (key != PAD)
-            stop = tl.load(offs_ptr + tl.minimum(tl.maximum(key + 1, 0), V))
-            stop = tl.where(starts, stop, pos)
-            cols = d * G_S1
-            acc = tl.zeros([1, BLOCK_D], dtype=tl.float32)
-            # Loads are issued before the adds, which stay in token order: four tokens first (nearly
-            # every run of a uniform batch), then eight per step, so the long runs of frequent tokens
-            # (a Zipf batch's hottest row is named ~2000 times in 16K tokens) keep eight gathers in
-            # flight. H100 (bench/NOTES.md, embedding v9): Zipf batches -23..-38%, uniform +2%.
-            g0, g1, g2, g3 = _four_rows(g_ptr, perm_ptr, pos, stop, N, G_S0, cols, d_mask, EVICT)
-            acc = _add4(acc, g0, g1, g2, g3)
-            for p0 in range(pos + 4, stop, 8):
-                g0, g1, g2, g3 = _four_rows(g_ptr, perm_ptr, p0, stop, N, G_S0, cols, d_mask, EVICT)
-                g4, g5, g6, g7 = _four_rows(g_ptr, perm_ptr, p0 + 4, stop, N, G_S0, cols, d_mask, EVICT)
-                acc = _add4(_add4(acc, g0, g1, g2, g3), g4, g5, g6, g7)
-            if SCALE:
-                acc = acc / tl.maximum(stop - pos, 1).to(tl.float32)
-            tl.store(gw_ptr + key * D + d, acc.to(gw_ptr.dtype.element_ty), mask=d_mask & starts,
-                     eviction_policy=EVICT)
+            _run_item(g_ptr, keys_ptr, perm_ptr, offs_ptr, gw_ptr, group, V, D, N, G_S0, G_S1, PAD,
+                      SCALE, BLOCK_D, EVICT)
         else:
-            # Names differ from the run branch's: Triton requires a name bound in both branches to have
-            # one type.
             tile = tl.where(item < mixed, group * ZEROS_PER_RUN + slot - 1, item - run_items)
-            rb = tile // d_blocks
-            cols_z = (tile - rb * d_blocks).to(tl.int64) * BLOCK_D + tl.arange(0, BLOCK_D)[None, :]
-            rows = rb.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
-            in_range = rows < V
-            first = tl.load(offs_ptr + rows, mask=in_range, other=0)
-            last = tl.load(offs_ptr + rows + 1, mask=in_range, other=0)
-            empty = (first == last) | (rows == PAD)
-            zeros = tl.zeros([BLOCK_R, BLOCK_D], dtype=gw_ptr.dtype.element_ty)
-            tl.store(gw_ptr + rows * D + cols_z, zeros, mask=in_range & empty & (cols_z < D),
-                     eviction_policy=EVICT)
+            _zero_tile(offs_ptr, gw_ptr, tile, V, D, PAD, BLOCK_R, BLOCK_D, EVICT)
 
 
 @triton.jit
