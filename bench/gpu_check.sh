@@ -8,7 +8,8 @@
 # the attn_res backward with its partial sums stashed in grad_values or in their own buffer,
 # embtune = embedding backward-kernel variants, natune = bench.tune_neighborhood_attention,
 # breakdown = bench.breakdown (device time per kernel of a fwd+bwd step),
-# tests = the GPU tests, lm = the example model, bench = python -m bench.
+# tests = the GPU tests, aoti = the AOTInductor package test (3.5-5 min of compiling), lm = the example model,
+# bench = python -m bench.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-logs}
@@ -51,6 +52,10 @@ for step in ${STEPS:-tests bench}; do
       tests+=("fusedops_tests/test_dispatch.py")
       timeout "${TEST_S:-200}" python3 -m pytest "${tests[@]}" -m gpu -q -p no:cacheprovider > "$OUT/gpu_tests.txt" 2>&1
       echo "gpu tests (exit $?):"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.txt" | tail -8 ;;
+    aoti)
+      timeout "${AOTI_S:-420}" python3 -m pytest fusedops_tests/test_example_lm.py -m gpu -q -rs -p no:cacheprovider \
+        > "$OUT/aoti.txt" 2>&1
+      echo "aoti (exit $?):"; grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed|skipped" "$OUT/aoti.txt" | tail -4 ;;
     lm)
       timeout "${LM_S:-200}" python3 -m fusedops.examples.lm --out "$OUT/lm" > "$OUT/lm.txt" 2>&1
       echo "lm (exit $?):"; tail -n 25 "$OUT/lm.txt" ;;

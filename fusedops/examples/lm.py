@@ -20,7 +20,9 @@ The data is generated: a fixed random "language" in which the next token is, wit
 ln(vocab) towards the noise floor; the floor is printed.
 
 After training, the model is exported with torch.export, saved and loaded back
-(torch.export.save/load), and the loaded program's logits are checked against the eager model's.
+(torch.export.save/load), and the loaded program's logits are checked against the eager model's. With
+`--aoti` it is also compiled ahead of time by AOTInductor into a deployable package (on a GPU the package
+holds the fusedops Triton kernels), loaded back and checked the same way.
 """
 
 from __future__ import annotations
@@ -273,6 +275,17 @@ def export_and_reload(model: nn.Module, example: Tensor, path: str):
     return torch.export.load(path)
 
 
+def aoti_package(model: nn.Module, example: Tensor, path: str):
+    """torch.export the model, compile it ahead of time with AOTInductor into the package `path` (a .pt2), and
+    load it back; returns the loaded callable. On a GPU the package holds the fusedops Triton kernels,
+    compiled for this device; on a CPU, C++ compiled from the ops' PyTorch reference path."""
+    model.eval()
+    with torch.no_grad():
+        ep = torch.export.export(model, (example,))
+        package = torch._inductor.aoti_compile_and_package(ep, package_path=path)
+    return torch._inductor.aoti_load_package(package)
+
+
 def save_loss_plot(losses: list[float], path: str, floor: Optional[float] = None, title: str = "") -> bool:
     try:
         import matplotlib
@@ -305,6 +318,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--no-compile", action="store_true", help="train eagerly (the default compiles, fullgraph)")
     p.add_argument("--backend", default="inductor", help="torch.compile backend (inductor, aot_eager, ...)")
     p.add_argument("--out", default="lm_example_out", help="directory for the loss curve and exported model")
+    p.add_argument("--aoti", action="store_true", help="also package the model with AOTInductor and check it")
     args = p.parse_args(argv)
     cfg = Config(**{k: getattr(args, k) for k in asdict(d)})
     if not 2 <= cfg.period <= cfg.window:
@@ -342,6 +356,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     failures = []
     if not err <= 1e-4 * max(1.0, ref.abs().max().item()):
         failures.append("the reloaded exported program does not match the eager model")
+    if args.aoti:
+        package = os.path.join(args.out, "lm_aoti.pt2")
+        t0 = time.perf_counter()
+        compiled = aoti_package(model, x, package)
+        with torch.no_grad():
+            err = (compiled(x) - ref).abs().max().item()
+        print(f"AOTInductor package {package} ({time.perf_counter() - t0:.0f} s to build): "
+              f"max |logits - eager| = {err:.2e}")
+        if not err <= 1e-4 * max(1.0, ref.abs().max().item()):
+            failures.append("the AOTInductor package does not match the eager model")
     if cfg.steps >= 20 and not last < first:  # fewer steps than the warm-up: too early to judge
         failures.append("the loss did not fall")
     for f in failures:
