@@ -96,14 +96,21 @@ torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
 """
 
 
+def _load_in_fresh_process(package: str, idx, ref, tmp_path):
+    """Run _AOTI_RUN on the package in a new interpreter; returns the CompletedProcess."""
+    import subprocess
+    import sys
+
+    torch.save((idx, ref), tmp_path / "case.pt")
+    return subprocess.run([sys.executable, "-c", _AOTI_RUN, str(package), str(tmp_path / "case.pt")],
+                          capture_output=True, text=True, timeout=300)
+
+
 @pytest.mark.slow
 def test_aoti_package_matches_eager(trained, tmp_path):
     """AOTInductor compiles the exported model (on CPU: C++ from the ops' reference path) into a package that
     matches the eager model on a batch it was not traced with, loaded here and in a process that never
     imports fusedops (the package is self-contained)."""
-    import subprocess
-    import sys
-
     model, data, _ = trained
     x, _ = data.batch(3, TINY.seq)
     path = str(tmp_path / "lm_aoti.pt2")
@@ -112,9 +119,7 @@ def test_aoti_package_matches_eager(trained, tmp_path):
     with torch.no_grad():
         ref = model(x2)
     torch.testing.assert_close(compiled(x2), ref, rtol=1e-5, atol=1e-5)
-    torch.save((x2, ref), tmp_path / "case.pt")
-    run = subprocess.run([sys.executable, "-c", _AOTI_RUN, path, str(tmp_path / "case.pt")],
-                         capture_output=True, text=True, timeout=300)
+    run = _load_in_fresh_process(path, x2, ref, tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
 
 
@@ -157,17 +162,14 @@ def test_gpu_aoti_package_holds_the_kernels_and_matches_eager(tmp_path):
     torch.manual_seed(3)
     model = _ThreeOps().cuda().eval()
     idx = torch.randint(0, 512, (2, 256), device="cuda")
-    path = tmp_path / "three.pt2"
     with torch.no_grad():
         ref = model(idx)
-        package = torch._inductor.aoti_compile_and_package(torch.export.export(model, (idx,)), package_path=str(path))
+    package = lm.build_aoti_package(model, idx, str(tmp_path / "three.pt2"))
     with zipfile.ZipFile(package) as z:
         wrapper = "".join(z.read(n).decode(errors="ignore") for n in z.namelist() if n.endswith("wrapper.cpp"))
     for kernel in ("embedding_fwd_kernel", "na_fwd_kernel", "attn_res_fwd"):
         assert kernel in wrapper, f"no {kernel} in the package"
-    torch.save((idx, ref), tmp_path / "case.pt")
-    run = subprocess.run([sys.executable, "-c", _AOTI_RUN, str(package), str(tmp_path / "case.pt")],
-                         capture_output=True, text=True, timeout=300)
+    run = _load_in_fresh_process(package, idx, ref, tmp_path)
     if run.returncode < 0:  # killed by a signal: is it this torch build's AOTInductor loader?
         plain = subprocess.run([sys.executable, "-c", _PLAIN_RUN, str(tmp_path / "plain.pt2")],
                                capture_output=True, text=True, timeout=300)

@@ -275,15 +275,19 @@ def export_and_reload(model: nn.Module, example: Tensor, path: str):
     return torch.export.load(path)
 
 
-def aoti_package(model: nn.Module, example: Tensor, path: str):
-    """torch.export the model, compile it ahead of time with AOTInductor into the package `path` (a .pt2), and
-    load it back; returns the loaded callable. On a GPU the package holds the fusedops Triton kernels,
-    compiled for this device; on a CPU, C++ compiled from the ops' PyTorch reference path."""
+def build_aoti_package(model: nn.Module, example: Tensor, path: str) -> str:
+    """torch.export the model and compile it ahead of time with AOTInductor into the package `path` (a .pt2);
+    returns the package's path. On a GPU the package holds the fusedops Triton kernels, compiled for this
+    device; on a CPU, C++ compiled from the ops' PyTorch reference path."""
     model.eval()
     with torch.no_grad():
         ep = torch.export.export(model, (example,))
-        package = torch._inductor.aoti_compile_and_package(ep, package_path=path)
-    return torch._inductor.aoti_load_package(package)
+        return torch._inductor.aoti_compile_and_package(ep, package_path=path)
+
+
+def aoti_package(model: nn.Module, example: Tensor, path: str):
+    """build_aoti_package, then load the package; returns the loaded callable."""
+    return torch._inductor.aoti_load_package(build_aoti_package(model, example, path))
 
 
 def save_loss_plot(losses: list[float], path: str, floor: Optional[float] = None, title: str = "") -> bool:
@@ -351,21 +355,23 @@ def main(argv: Optional[list[str]] = None) -> int:
     with torch.no_grad():
         ref = model(x)
         got = loaded.module()(x)
-    err = (got - ref).abs().max().item()
-    print(f"exported to {pt2} and reloaded: max |logits - eager| = {err:.2e}")
     failures = []
-    if not err <= 1e-4 * max(1.0, ref.abs().max().item()):
-        failures.append("the reloaded exported program does not match the eager model")
+
+    def check(what: str, logits: Tensor, failure: str) -> None:
+        err = (logits - ref).abs().max().item()
+        print(f"{what}: max |logits - eager| = {err:.2e}")
+        if not err <= 1e-4 * max(1.0, ref.abs().max().item()):
+            failures.append(failure)
+
+    check(f"exported to {pt2} and reloaded", got, "the reloaded exported program does not match the eager model")
     if args.aoti:
         package = os.path.join(args.out, "lm_aoti.pt2")
         t0 = time.perf_counter()
         compiled = aoti_package(model, x, package)
         with torch.no_grad():
-            err = (compiled(x) - ref).abs().max().item()
-        print(f"AOTInductor package {package} ({time.perf_counter() - t0:.0f} s to build): "
-              f"max |logits - eager| = {err:.2e}")
-        if not err <= 1e-4 * max(1.0, ref.abs().max().item()):
-            failures.append("the AOTInductor package does not match the eager model")
+            logits = compiled(x)
+        check(f"AOTInductor package {package} ({time.perf_counter() - t0:.0f} s to build and load)", logits,
+              "the AOTInductor package does not match the eager model")
     if cfg.steps >= 20 and not last < first:  # fewer steps than the warm-up: too early to judge
         failures.append("the loss did not fall")
     for f in failures:
