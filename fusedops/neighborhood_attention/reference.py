@@ -73,7 +73,7 @@ def neighbor_table(
 
 def _flat(t: Tensor) -> Tensor:
     """[B, H, *spatial, D] -> [B, H, S, D] float32."""
-    return t.reshape(t.shape[0], t.shape[1], -1, t.shape[-1]).float()
+    return t.reshape(t.shape[0], t.shape[1], math.prod(t.shape[2:-1]), t.shape[-1]).float()
 
 
 def _chunk(b: int, h: int, k: int, d: int) -> int:
@@ -86,7 +86,7 @@ def _gqa_views(q, k, v, kernel_size, dilation, stride, is_causal, window):
     index, valid = neighbor_table(q.shape[2:-1], kernel_size, dilation, stride, is_causal, window)
     index, valid = index.to(q.device), valid.to(q.device)
     kv_heads = k.shape[1]
-    qf = _flat(q).reshape(q.shape[0], kv_heads, q.shape[1] // kv_heads, index.shape[0], -1)
+    qf = _flat(q).reshape(q.shape[0], kv_heads, q.shape[1] // kv_heads, index.shape[0], q.shape[-1])
     return index, valid, qf, _flat(k), _flat(v)
 
 
@@ -128,8 +128,9 @@ def neighborhood_attention_backward(
     index, valid, qf, kf, vf = _gqa_views(q, k, v, kernel_size, dilation, stride, is_causal, window)
     batch, kv_heads, groups, tokens = qf.shape[:4]
     heads, kernel = q.shape[1], index.shape[1]
-    go = _flat(grad_out).reshape(batch, kv_heads, groups, tokens, -1)
-    of = _flat(out).reshape(batch, kv_heads, groups, tokens, -1)
+    # explicit sizes, no -1: a batch of 0 leaves nothing to infer a dim from
+    go = _flat(grad_out).reshape(batch, kv_heads, groups, tokens, v.shape[-1])
+    of = _flat(out).reshape(batch, kv_heads, groups, tokens, v.shape[-1])
     lf = lse.reshape(batch, kv_heads, groups, tokens).float()
     delta = (go * of).sum(-1)
     if grad_lse is not None:
