@@ -4,6 +4,7 @@ reads tensor data, so no check costs a device synchronisation."""
 from __future__ import annotations
 
 import math
+import operator
 from typing import Iterable, Optional
 
 import torch
@@ -16,6 +17,25 @@ def check_float(name: str, t: torch.Tensor) -> None:
         raise ValueError(f"{name} must be a tensor, got {type(t).__name__}")
     if t.dtype not in FLOAT_DTYPES:
         raise ValueError(f"{name} must be float32, float16 or bfloat16, got {t.dtype}")
+
+
+def as_int(name: str, value) -> int:
+    """value as a Python int: any integer type (numpy's too, as torch's ops take them), not a bool;
+    symbolic ints (torch.compile) pass through."""
+    if isinstance(value, (int, torch.SymInt)) and not isinstance(value, bool):
+        return value
+    try:
+        if isinstance(value, bool) or getattr(value, "dtype", None) == torch.bool:
+            raise TypeError
+        return operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be an int, got {value!r}") from None
+
+
+def check_bool(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be a bool, got {value!r}")
+    return value
 
 
 def check_min_dim(name: str, t: torch.Tensor, ndim: int) -> None:

@@ -628,9 +628,53 @@ def test_bad_input_op_level_and_backward():
                                                            [False], None, "shifted")
 
 
-def test_module_validates_dim():
-    with pytest.raises(ValueError, match="dim"):
-        fusedops.nn.NeighborhoodAttention1d(10, 3, 3)
+BAD_MODULE_ARGS = {
+    "dim_not_multiple": (dict(dim=10, num_heads=3, kernel_size=3), "dim"),
+    "head_dim_too_small": (dict(dim=8, num_heads=2, kernel_size=3), "head dim"),
+    "head_dim_too_large": (dict(dim=512, num_heads=1, kernel_size=3), "head dim"),
+    "kernel_size_lt_2": (dict(dim=16, num_heads=2, kernel_size=1), "kernel_size"),
+    "kernel_size_wrong_axes": (dict(dim=16, num_heads=2, kernel_size=(3, 3)), "kernel_size"),
+    "dilation_zero": (dict(dim=16, num_heads=2, kernel_size=3, dilation=0), "dilation"),
+    "stride_gt_kernel": (dict(dim=16, num_heads=2, kernel_size=3, stride=4), "stride"),
+    "truncated_even_kernel": (dict(dim=16, num_heads=2, kernel_size=4, window="truncated"), "kernel_size"),
+    "bad_window": (dict(dim=16, num_heads=2, kernel_size=3, window="centered"), "window"),
+    "is_causal_not_bool": (dict(dim=16, num_heads=2, kernel_size=3, is_causal=1), "is_causal"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_MODULE_ARGS))
+def test_module_validates_arguments_at_construction(case):
+    """A bad module argument fails when the module is built, naming it, not at its first forward."""
+    kwargs, name = BAD_MODULE_ARGS[case]
+    with pytest.raises(ValueError, match=name):
+        fusedops.nn.NeighborhoodAttention1d(**kwargs)
+
+
+def test_integer_arguments_of_any_integer_type():
+    """numpy integers (e.g. from a config array) are ints, as torch's own ops take them."""
+    np = pytest.importorskip("numpy")
+    q, k, v = _good()
+    want = fusedops.neighborhood_attention(q, k, v, 3, dilation=2, stride=2)
+    got = fusedops.neighborhood_attention(q, k, v, np.int64(3), dilation=[np.int32(2)], stride=(np.int8(2),))
+    assert torch.equal(got, want)
+    module = fusedops.nn.NeighborhoodAttention2d(16, 2, kernel_size=np.array([3, 5])[0], stride=np.int64(2))
+    assert module(torch.randn(1, 5, 6, 16)).shape == (1, 5, 6, 16)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("spatial", [(9,), (5, 6)])
+def test_empty_batch(path, spatial):
+    """B = 0 gives empty outputs, lse and gradients on every path (and through the module)."""
+    q = torch.randn(0, 4, *spatial, 8, requires_grad=True)
+    k, v = (torch.randn(0, 2, *spatial, 8, requires_grad=True) for _ in range(2))
+    with execution_path(path):
+        out, lse = fusedops.neighborhood_attention(q, k, v, 3, return_lse=True)
+        (out.sum() + lse.sum()).backward()
+        module = getattr(fusedops.nn, f"NeighborhoodAttention{len(spatial)}d")(16, 2, 3)
+        y = module(torch.randn(0, *spatial, 16))
+    assert out.shape == (0, 4, *spatial, 8) and lse.shape == (0, 4, *spatial)
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
+    assert y.shape == (0, *spatial, 16)
 
 
 def test_ascend_plan_respects_budget_and_grid():

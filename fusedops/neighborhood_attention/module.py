@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Sequence, Union
 
-
 from torch import Tensor, nn
 
-from .op import neighborhood_attention
+from .op import MAX_HEAD_DIM, MIN_HEAD_DIM, check_window_args, neighborhood_attention
 
 
 class _NeighborhoodAttentionNd(nn.Module):
@@ -24,6 +23,11 @@ class _NeighborhoodAttentionNd(nn.Module):
         super().__init__()
         if dim <= 0 or num_heads <= 0 or dim % num_heads != 0:
             raise ValueError(f"dim ({dim}) must be a positive multiple of num_heads ({num_heads})")
+        if not MIN_HEAD_DIM <= dim // num_heads <= MAX_HEAD_DIM:
+            raise ValueError(f"dim // num_heads (the head dim, {dim} // {num_heads}) must be in "
+                             f"[{MIN_HEAD_DIM}, {MAX_HEAD_DIM}]")
+        # Fail here, not at the first forward; the axis lengths are checked per input.
+        check_window_args(self.spatial_dims, kernel_size, dilation, stride, is_causal, window)
         factory = {"device": device, "dtype": dtype}
         self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
         self.kernel_size, self.dilation, self.stride = kernel_size, dilation, stride

@@ -12,7 +12,13 @@ from fusedops.launch import launch
 from fusedops.numerics import tf32_allowed
 from fusedops.registry import backward_direct_ok, call_direct, direct_autograd, direct_call_ok, fused_op, memoize
 from fusedops.targets import Target, size_hint, target_for
-from fusedops.validation import check_float, check_last_dim_contiguous, check_positive_finite, check_same_device
+from fusedops.validation import (
+    as_int,
+    check_float,
+    check_last_dim_contiguous,
+    check_positive_finite,
+    check_same_device,
+)
 
 from . import reference
 from .kernels import LOG2E, na_bwd_dkdv_kernel, na_bwd_dq_kernel, na_bwd_fused_1d_kernel, na_fwd_kernel
@@ -27,24 +33,46 @@ BoolOrSeq = Union[bool, Sequence[bool]]
 
 
 def _per_axis(name: str, value, ndim: int, kind: type) -> list:
-    """An int/bool, or one per spatial axis (a 1-element sequence broadcasts)."""
-    if isinstance(value, (bool, int)) and not (kind is int and isinstance(value, bool)):
-        values = [value] * ndim
-    elif isinstance(value, (list, tuple)):
-        values = list(value)
-        if len(values) == 1:
-            values = values * ndim
-    else:
-        raise ValueError(f"{name} must be {'a bool' if kind is bool else 'an int'} or one per spatial axis, "
-                         f"got {value!r}")
+    """An int/bool, or one per spatial axis (a 1-element sequence broadcasts). Ints may be any integer
+    type (numpy's too, as torch takes them); bools must be bools."""
+    values = list(value) if isinstance(value, (list, tuple)) else [value]
+    if len(values) == 1:
+        values = values * ndim
     if len(values) != ndim:
         raise ValueError(f"{name} must have one entry per spatial axis ({ndim}), got {value!r}")
-    for x in values:
-        if kind is bool and not isinstance(x, bool):
-            raise ValueError(f"{name} must hold bools, got {value!r}")
-        if kind is int and (not isinstance(x, int) or isinstance(x, bool)):
-            raise ValueError(f"{name} must hold ints, got {value!r}")
-    return values
+    if kind is bool:
+        if not all(isinstance(x, bool) for x in values):
+            raise ValueError(f"{name} must be a bool or one bool per spatial axis, got {value!r}")
+        return values
+    try:
+        return [as_int(name, x) for x in values]
+    except ValueError:
+        raise ValueError(f"{name} must be an int or one int per spatial axis, got {value!r}") from None
+
+
+def check_window_args(ndim: int, kernel_size, dilation, stride, is_causal, window: str) -> tuple[list, list, list, list]:
+    """The per-axis window arguments normalised, and every check that needs no tensor (the modules run
+    it at construction)."""
+    if window not in WINDOWS:
+        raise ValueError(f"window must be one of {WINDOWS}, got {window!r}")
+    ks = _per_axis("kernel_size", kernel_size, ndim, int)
+    dil = _per_axis("dilation", dilation, ndim, int)
+    st = _per_axis("stride", stride, ndim, int)
+    causal = _per_axis("is_causal", is_causal, ndim, bool)
+    for a in range(ndim):
+        if ks[a] < 2:
+            raise ValueError(f"kernel_size must be >= 2 on every axis, got {ks}")
+        if dil[a] < 1:
+            raise ValueError(f"dilation must be >= 1 on every axis, got {dil}")
+        if st[a] < 1:
+            raise ValueError(f"stride must be >= 1 on every axis, got {st}")
+        if st[a] > ks[a]:
+            raise ValueError(f"stride must not exceed kernel_size, got stride {st} for kernel_size {ks}")
+        if window == "truncated" and ks[a] % 2 == 0:
+            raise ValueError(f"kernel_size must be odd with window='truncated', got {ks}")
+        if window == "truncated" and st[a] != 1:
+            raise ValueError(f"stride must be 1 with window='truncated', got {st}")
+    return ks, dil, st, causal
 
 
 def check_args(
@@ -81,28 +109,11 @@ def check_args(
             raise ValueError(f"{name}'s head dim must be in [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}], got {dim}")
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_last_dim_contiguous(name, t)
-    if window not in WINDOWS:
-        raise ValueError(f"window must be one of {WINDOWS}, got {window!r}")
-    ks = _per_axis("kernel_size", kernel_size, ndim, int)
-    dil = _per_axis("dilation", dilation, ndim, int)
-    st = _per_axis("stride", stride, ndim, int)
-    causal = _per_axis("is_causal", is_causal, ndim, bool)
+    ks, dil, st, causal = check_window_args(ndim, kernel_size, dilation, stride, is_causal, window)
     for a in range(ndim):
-        if ks[a] < 2:
-            raise ValueError(f"kernel_size must be >= 2 on every axis, got {ks}")
-        if dil[a] < 1:
-            raise ValueError(f"dilation must be >= 1 on every axis, got {dil}")
-        if st[a] < 1:
-            raise ValueError(f"stride must be >= 1 on every axis, got {st}")
         if ks[a] * dil[a] > spatial[a]:
             raise ValueError(f"kernel_size * dilation must not exceed the axis length: axis {a} has length "
                              f"{spatial[a]}, kernel_size {ks[a]} x dilation {dil[a]}")
-        if st[a] > ks[a]:
-            raise ValueError(f"stride must not exceed kernel_size, got stride {st} for kernel_size {ks}")
-        if window == "truncated" and ks[a] % 2 == 0:
-            raise ValueError(f"kernel_size must be odd with window='truncated', got {ks}")
-        if window == "truncated" and st[a] != 1:
-            raise ValueError(f"stride must be 1 with window='truncated', got {st}")
     if scale is None:
         return ks, dil, st, causal, head_dim ** -0.5  # may be symbolic under torch.compile
     check_positive_finite("scale", scale)
