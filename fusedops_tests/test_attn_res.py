@@ -17,6 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import fusedops
 from fusedops.attn_res.plan import make_plan
 from fusedops.launch import launch
+from fusedops.layout import collapse_dims
 from fusedops.targets import cuda_target
 
 from .helpers import (
@@ -625,16 +626,46 @@ def test_bad_backward_input_names_argument(path, case):
             torch.ops.fusedops.attn_res_backward(**{**args, **change})
 
 
-def test_too_many_strided_batch_dims_is_a_clear_error():
-    base = torch.randn(2, 3, 4, 5, 6, 8)
-    values = base.permute(0, 4, 3, 2, 1, 5)[:, ::2, :, ::2]  # four batch dims no stride can merge
-    with execution_path("cuda"), pytest.raises(ValueError, match="values"):
-        fusedops.attn_res(values, torch.randn(8))
+def check_batch_dims_no_three_strides_can_walk(entry, device="cpu"):
+    gen = torch.Generator().manual_seed(11)
+    values = torch.randn(3, 3, 4, 5, 6, 8, generator=gen).to(device).permute(0, 4, 3, 2, 1, 5)[:, ::2, :, ::2]
+    assert len(collapse_dims(values.shape[1:-1], values.stride()[1:-1])[0]) == 4
+    query, weight = (torch.randn(8, generator=gen).to(device), (torch.rand(8, generator=gen) + 0.5).to(device))
+    grad_out = torch.randn(values.shape[1:], generator=gen).to(device)
+    ref_out, ref_grads = reference_grads(values, query, weight, 1e-6, grad_out)
+    out, grads = run_op(values, query, weight, 1e-6, grad_out, entry)
+    assert_close("out", out, ref_out, values.dtype)
+    assert_grads_close(grads, ref_grads, values, query, weight, 1e-6, grad_out)
 
 
-def test_module_validates_dim():
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("entry", sorted(ENTRIES))
+@pytest.mark.parametrize("kernels", KERNEL_CHOICES)
+def test_batch_dims_no_three_strides_can_walk(path, entry, kernels):
+    """Four batch dims that no stride merges: the kernels walk at most three, so such values are copied
+    once; the result must still be the einsum's on every path (on CPU and GPU alike, no error)."""
+    with execution_path(path), kernel_choice(kernels):
+        check_batch_dims_no_three_strides_can_walk(entry)
+
+
+def test_module_validates_arguments():
     with pytest.raises(ValueError, match="dim"):
         fusedops.nn.AttnRes(0)
+    with pytest.raises(ValueError, match="eps"):
+        fusedops.nn.AttnRes(8, eps=-1.0)
+
+
+def test_module_reset_parameters_after_meta_init():
+    """Built on the meta device, moved with to_empty (garbage memory), then reset_parameters: the
+    module is a fresh one (query 0, norm gain 1), as FSDP-style deferred initialisation expects."""
+    module = fusedops.nn.AttnRes(8, device="meta")
+    module.to_empty(device="cpu")
+    with torch.no_grad():
+        module.query.fill_(3.0)  # what uninitialised memory may hold
+        module.norm_weight.fill_(-2.0)
+    module.reset_parameters()
+    assert torch.equal(module.query, torch.zeros(8)) and torch.equal(module.norm_weight, torch.ones(8))
+    assert module.state_dict().keys() == fusedops.nn.AttnRes(8).state_dict().keys()
 
 
 def test_cuda_plan_fits_model_rows_on_chip():
@@ -749,6 +780,13 @@ def test_gpu_matches_einsum(case):
     out, grads = run_op(values, query, weight, eps, grad_out)
     assert_close("out", out, ref_out, values.dtype)
     assert_grads_close(grads, ref_grads, values, query, weight, eps, grad_out)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("entry", sorted(ENTRIES))
+def test_gpu_batch_dims_no_three_strides_can_walk(entry):
+    check_batch_dims_no_three_strides_can_walk(entry, "cuda")
 
 
 @gpu

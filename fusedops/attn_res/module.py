@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from fusedops.validation import check_positive_finite
+
 from .op import attn_res
 
 
@@ -19,11 +21,19 @@ class AttnRes(nn.Module):
         super().__init__()
         if dim <= 0:
             raise ValueError(f"dim must be positive, got {dim}")
+        check_positive_finite("eps", eps)
         factory = {"device": device, "dtype": dtype}
         self.dim = dim
         self.eps = eps
-        self.query = nn.Parameter(torch.zeros(dim, **factory))
-        self.norm_weight = nn.Parameter(torch.ones(dim, **factory))
+        self.query = nn.Parameter(torch.empty(dim, **factory))
+        self.norm_weight = nn.Parameter(torch.empty(dim, **factory))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """query = 0, norm_weight = 1 (what FSDP's meta-device initialisation and `to_empty` callers run)."""
+        with torch.no_grad():
+            self.query.zero_()
+            self.norm_weight.fill_(1.0)
 
     def forward(self, values: Tensor) -> Tensor:
         return attn_res(values, self.query, self.norm_weight, self.eps)

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from fusedops.launch import launch
-from fusedops.layout import batch_walk
+from fusedops.layout import MAX_BATCH_DIMS, batch_walk, collapse_dims
 from fusedops.registry import backward_direct_ok, call_direct, direct_autograd, direct_call_ok, fused_op
 from fusedops.targets import Target, target_for
 from fusedops.validation import (
@@ -56,6 +56,13 @@ def check_args(values: Tensor, query: Tensor, norm_weight: Optional[Tensor], eps
         check_last_dim_contiguous("norm_weight", norm_weight)
 
 
+def _walkable(values: Tensor) -> Tensor:
+    """values itself when its batch dims merge into the kernels' MAX_BATCH_DIMS strided dims (read in
+    place), else a contiguous copy: a rarer layout costs one copy, not an error."""
+    sizes, _ = collapse_dims(values.shape[1:-1], values.stride()[1:-1])
+    return values if len(sizes) <= MAX_BATCH_DIMS else values.contiguous()
+
+
 def _walk(values: Tensor) -> tuple[int, int, int, int, int]:
     """(S1, S2, ST0, ST1, ST2) of the kernels' batch walk over values' dims 1..-2."""
     sizes, strides = batch_walk("values", values.shape[1:-1], values.stride()[1:-1])
@@ -81,6 +88,7 @@ def _forward(
     tokens = out.numel() // dim
     if tokens == 0:
         return out, lse
+    values = _walkable(values)
     s1, s2, st0, st1, st2 = _walk(values)
     plan = plan or forward_plan(target, tokens, n, dim, values.element_size())
     weight = query if norm_weight is None else norm_weight
@@ -124,6 +132,7 @@ def _backward(
     n, dim = values.shape[0], values.shape[-1]
     tokens = grad_out.numel() // dim
     need_du = need_query or need_norm_weight
+    values = _walkable(values)
     grad_values = torch.empty_like(values, memory_format=torch.contiguous_format) if need_values else values.new_empty(0)
     grad_query = torch.empty_like(query) if need_query else query.new_empty(0)
     grad_weight = torch.empty_like(norm_weight) if need_norm_weight else query.new_empty(0)
@@ -349,7 +358,8 @@ def attn_res(
     Args:
         values: [N, *batch, D] float32/float16/bfloat16. The N depth sources (embedding output and
             block outputs); any number of batch dims, zero included. Only the last dim needs stride 1:
-            a slice of a preallocated bank (``bank[:n]``) or permuted batch dims are read in place.
+            a slice of a preallocated bank (``bank[:n]``) or permuted batch dims are read in place
+            (any layout whose batch dims merge into three strided dims; others are copied once).
         query: [D], the learned pseudo-query (any float dtype, e.g. fp32 with bf16 values).
         norm_weight: [D] RMSNorm gain applied to the keys; None means ones.
         eps: RMSNorm epsilon, positive and finite.
