@@ -58,6 +58,18 @@ def _outputs_and_grads(build, direct: bool, device: str = "cpu"):
     return out.detach(), torch.autograd.grad(out, inputs, grad_out)
 
 
+@pytest.mark.parametrize("direct", [True, False])
+@pytest.mark.parametrize("op", ["attn_res", "neighborhood_attention"])
+def test_double_backward_raises_where_unsupported(op, direct):
+    """attn_res and neighborhood attention have first derivatives only: a backward through their
+    gradients must raise, never return a silently wrong second derivative (embedding's double backward
+    is tested against float64 autograd in test_embedding)."""
+    out, inputs = OPS[op](direct)
+    grads = torch.autograd.grad((out * out).sum(), inputs, create_graph=True)
+    with pytest.raises(RuntimeError, match="backward"):
+        sum((g * g).sum() for g in grads).backward()
+
+
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("op", sorted(OPS))
 def test_direct_path_matches_torch_ops_bitwise(path, op):

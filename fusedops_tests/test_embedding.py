@@ -133,6 +133,65 @@ def test_backward_bitwise_deterministic(path, scale, monkeypatch):
     assert_close("grad_weight", first, ref, torch.float32)
 
 
+class _Embedding64(torch.autograd.Function):
+    """F.embedding with its backward written in differentiable torch ops, so that autograd derives the
+    true derivatives of the backward map at every order. (torch's own double backward of embedding drops
+    scale_grad_by_freq's 1/count: gradcheck of aten.embedding_backward fails with it on.)"""
+
+    @staticmethod
+    def forward(ctx, weight, indices, padding_idx, scale):
+        ctx.save_for_backward(indices)
+        ctx.shape, ctx.pad, ctx.scale = weight.shape, padding_idx, scale
+        return F.embedding(indices, weight)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (indices,) = ctx.saved_tensors
+        flat, g = indices.reshape(-1), grad_out.reshape(-1, ctx.shape[1])
+        if ctx.scale:
+            g = g / torch.bincount(flat, minlength=ctx.shape[0]).to(g.dtype)[flat, None]
+        if ctx.pad is not None:
+            g = g * (flat != ctx.pad % ctx.shape[0]).to(g.dtype)[:, None]
+        return g.new_zeros(ctx.shape).index_add(0, flat, g), None, None, None
+
+
+def check_double_backward(padding_idx, scale, device="cpu", V=9, D=6, tokens=8):
+    """With L = sum(r * out**2): dL/dW, the gradient of <c, dL/dW> + |dL/dW|^2 (a Hessian-vector product
+    and a penalty on grad_weight) and a third derivative, against float64 autograd of the backward map."""
+    gen = torch.Generator().manual_seed(5)
+    indices = torch.randint(0, V, (2, tokens // 2), generator=gen)
+    indices[:, 0] = 2  # a repeated row, padding in one of the cases
+    weight = torch.randn(V, D, generator=gen)
+    r, c = torch.randn(*indices.shape, D, generator=gen), torch.randn(V, D, generator=gen)
+
+    def derivatives(lookup, w):
+        out = lookup(w)
+        (grad_w,) = torch.autograd.grad((r.to(w) * out**2).sum(), w, create_graph=True)
+        (second,) = torch.autograd.grad((c.to(w) * grad_w).sum() + (grad_w**2).sum(), w, create_graph=True)
+        (third,) = torch.autograd.grad(second.sum(), w)
+        return grad_w.detach(), second.detach(), third
+
+    ref = derivatives(lambda w: _Embedding64.apply(w, indices, padding_idx, scale), weight.double().requires_grad_())
+    torch_first = derivatives(lambda w: F.embedding(indices, w, padding_idx, scale_grad_by_freq=scale),
+                              weight.double().requires_grad_())[0]
+    torch.testing.assert_close(ref[0], torch_first)  # the reference's first derivative is torch's
+    on_device = indices.to(device)
+    got = derivatives(lambda w: fusedops.embedding(on_device, w, padding_idx, scale_grad_by_freq=scale),
+                      weight.to(device).requires_grad_())
+    assert ref[1].abs().max() > 0 and ref[2].abs().max() > 0  # the case exercises every order
+    for name, a, b in zip(("grad", "grad of grad", "third derivative"), got, ref):
+        assert_close(name, a.cpu(), b, torch.float32)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("padding_idx", [None, 2, -1])
+@pytest.mark.parametrize("scale", [False, True])
+def test_double_backward_is_the_true_derivative(path, padding_idx, scale):
+    """Backward through the weight gradient works as with torch.nn.Embedding, to any order."""
+    with execution_path(path):
+        check_double_backward(padding_idx, scale)
+
+
 @pytest.mark.parametrize("path", KERNEL_PATHS)
 def test_backward_every_run_length_up_to_29(path, monkeypatch):
     """Row r is named r + 1 times (shuffled), so the run walk (four tokens, then eight per step) ends at
@@ -336,6 +395,10 @@ def _i():
         (lambda: fusedops.embedding(_i(), _w(), padding_idx=1.0), ValueError, "padding_idx"),
         (lambda: fusedops.embedding(_i(), _w(), max_norm=1.0), ValueError, "max_norm"),
         (lambda: fusedops.embedding(_i(), _w(), sparse=True), ValueError, "sparse"),
+        (lambda: fusedops.embedding(_i(), _w(), padding_idx=True), ValueError, "padding_idx"),
+        # torch's 4th positional argument is max_norm: caught, not taken for a truthy scale_grad_by_freq
+        (lambda: fusedops.embedding(_i(), _w(), None, 0.5), ValueError, "scale_grad_by_freq"),
+        (lambda: fusedops.embedding(_i(), _w(), scale_grad_by_freq=1), ValueError, "scale_grad_by_freq"),
         (lambda: fusedops.embedding(torch.tensor([5]), _w()), IndexError, "5"),
         (lambda: fusedops.embedding(torch.tensor([-6]), _w()), IndexError, "-6"),
         (lambda: fusedops.nn.Embedding(5, 4, max_norm=1.0), ValueError, "max_norm"),
@@ -353,6 +416,21 @@ def _i():
 def test_bad_input(call, exc, word):
     with pytest.raises(exc, match=word):
         call()
+
+
+def test_torch_keyword_signature_and_integer_types():
+    """F.embedding's keywords (norm_type with no max_norm) and numpy integers for padding_idx, in the
+    wrapper and the module, give torch's result."""
+    np = pytest.importorskip("numpy")
+    w = torch.randn(6, 4, requires_grad=True)
+    i = torch.tensor([[0, 2, 2], [5, 1, 0]])
+    ref = torch.nn.functional.embedding(i, w, padding_idx=2, norm_type=1.0, scale_grad_by_freq=True)
+    got = fusedops.embedding(i, w, padding_idx=np.int64(2), norm_type=1.0, scale_grad_by_freq=True)
+    (ref_grad,) = torch.autograd.grad(ref, w, torch.ones_like(ref))
+    (got_grad,) = torch.autograd.grad(got, w, torch.ones_like(got))
+    assert torch.equal(got, ref) and torch.equal(got_grad, ref_grad)
+    module = fusedops.nn.Embedding(6, 4, padding_idx=np.int32(-1))
+    assert module.padding_idx == 5 and isinstance(module.padding_idx, int)
 
 
 # ----- torch integration ----------------------------------------------------------------------------
@@ -522,6 +600,10 @@ class TestGPU:
             assert_close("grad_weight", grad, ref_grad, dtype)
             again = torch.ops.fusedops.embedding_backward(grad_out, indices, V, pad, scale)
             assert torch.equal(again, grad), "backward not bitwise reproducible"
+
+    @pytest.mark.parametrize("padding_idx, scale", [(None, False), (2, True)])
+    def test_double_backward_is_the_true_derivative(self, padding_idx, scale):
+        check_double_backward(padding_idx, scale, "cuda", V=5000, D=96, tokens=4096)
 
     def test_int32_strided_and_empty(self):
         weight = torch.randn(1000, 300, device="cuda")[:, 10:266]

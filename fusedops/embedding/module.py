@@ -7,6 +7,8 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from fusedops.validation import as_int, check_bool
+
 from .op import embedding
 
 
@@ -43,6 +45,9 @@ class Embedding(nn.Embedding):
         check_bounds: bool = True,
     ) -> None:
         _check_unsupported(max_norm, sparse)
+        check_bool("scale_grad_by_freq", scale_grad_by_freq)
+        if padding_idx is not None:
+            padding_idx = as_int("padding_idx", padding_idx)
         if padding_idx is not None and not -num_embeddings <= padding_idx < num_embeddings:
             raise ValueError(f"padding_idx must be within [-{num_embeddings}, {num_embeddings}), got {padding_idx}")
         super().__init__(

@@ -11,7 +11,7 @@ from torch import Tensor
 from fusedops.launch import launch
 from fusedops.registry import backward_direct_ok, call_direct, direct_autograd, direct_call_ok, fused_op
 from fusedops.targets import Target, target_for
-from fusedops.validation import check_float
+from fusedops.validation import as_int, check_float
 
 from . import reference
 from .kernels import embedding_bwd_kernel, embedding_fwd_kernel, embedding_run_keys_kernel, embedding_run_offsets_kernel
@@ -31,8 +31,7 @@ def normalize_padding_idx(padding_idx: Optional[int], num_weights: int) -> int:
     """padding_idx in [0, V), or -1 for none; negative values count from the end, as in torch."""
     if padding_idx is None:
         return -1
-    if isinstance(padding_idx, bool) or not isinstance(padding_idx, int):
-        raise ValueError(f"padding_idx must be an int or None, got {type(padding_idx).__name__}")
+    padding_idx = as_int("padding_idx", padding_idx)
     if not -num_weights <= padding_idx < num_weights:
         raise ValueError(f"padding_idx must be within [-{num_weights}, {num_weights}) (num_embeddings), got {padding_idx}")
     return padding_idx + num_weights if padding_idx < 0 else padding_idx
@@ -235,6 +234,37 @@ def _backward_rule(ctx, grad_out):
 embedding_op.register_autograd(_backward_rule, setup_context=_setup_context)
 
 
+def _setup_backward_context(ctx, inputs, output):
+    grad_out, indices, num_weights, padding_idx, scale_grad_by_freq = inputs
+    ctx.save_for_backward(indices)
+    ctx.num_weights, ctx.padding_idx, ctx.scale_grad_by_freq = num_weights, padding_idx, scale_grad_by_freq
+
+
+def _double_backward_rule(ctx, grad_grad_weight):
+    """embedding_backward is linear in grad_out: d<G, backward(g)>/dg_t = G[indices_t], zero where
+    indices_t is padding_idx (or out of range), divided by the count of indices_t in the batch with
+    scale_grad_by_freq. A gather, so the forward op again (and the counts are a backward of ones):
+    double backward (Hessian-vector products, gradient penalties on the weight) works as with
+    torch.nn.Embedding, deterministic and differentiable once more."""
+    if not ctx.needs_input_grad[0]:
+        return None, None, None, None, None
+    (indices,) = ctx.saved_tensors
+    gg = grad_grad_weight if grad_grad_weight.stride(-1) == 1 else grad_grad_weight.contiguous()
+    grad = torch.ops.fusedops.embedding(gg, indices, None, False)
+    pad = normalize_padding_idx(ctx.padding_idx, ctx.num_weights)
+    if pad >= 0:
+        grad = grad * (indices != pad).unsqueeze(-1).to(grad.dtype)
+    if ctx.scale_grad_by_freq:
+        ones = torch.ones((*indices.shape, 1), dtype=torch.float32, device=indices.device)
+        counts = torch.ops.fusedops.embedding_backward(ones, indices, ctx.num_weights, None, False)
+        per_token = torch.ops.fusedops.embedding(counts, indices, None, False).clamp_min(1)
+        grad = (grad.float() / per_token).to(grad.dtype)
+    return grad, None, None, None, None
+
+
+embedding_backward_op.register_autograd(_double_backward_rule, setup_context=_setup_backward_context)
+
+
 _Direct = direct_autograd("Embedding", _run_checked, _setup_context, _backward_rule)
 
 
@@ -245,6 +275,7 @@ def embedding(
     scale_grad_by_freq: bool = False,
     *,
     max_norm: Optional[float] = None,
+    norm_type: float = 2.0,
     sparse: bool = False,
     check_bounds: bool = True,
 ) -> Tensor:
@@ -257,7 +288,8 @@ def embedding(
         padding_idx: that row's gradient is zero (its forward value is returned as stored).
             Negative values count from the end, as in torch.
         scale_grad_by_freq: divide each row's gradient by how often its index occurs in the batch.
-        max_norm, sparse: not supported; passing max_norm or sparse=True raises ValueError.
+        max_norm, sparse: not supported; passing max_norm or sparse=True raises ValueError (norm_type,
+            which only max_norm uses, is accepted for torch's keyword signature).
         check_bounds: on a GPU, check that every index is in [0, V) before the launch and raise
             IndexError naming the first offending value. This costs one small reduction and a host
             sync; pass False to skip it. On CPU tensors the check always runs (inside a
@@ -269,13 +301,19 @@ def embedding(
         [*indices.shape, D] in weight's dtype.
 
     Differentiable in weight; the backward is the op ``fusedops::embedding_backward``
-    (deterministic, bitwise reproducible, writes grad_weight once, fp32 accumulation).
+    (deterministic, bitwise reproducible, writes grad_weight once, fp32 accumulation), itself
+    differentiable in its output gradient, so double backward (Hessian-vector products) works.
     Raises ValueError naming the argument on bad input.
     """
     if max_norm is not None:
         raise ValueError("max_norm is not supported by fusedops.embedding (renormalise the weight yourself)")
     if sparse:
         raise ValueError("sparse=True is not supported by fusedops.embedding; the gradient is dense")
+    if not isinstance(scale_grad_by_freq, bool):
+        raise ValueError(f"scale_grad_by_freq must be a bool, got {scale_grad_by_freq!r} (it is the 4th positional "
+                         "argument here, where torch.nn.functional.embedding has max_norm)")
+    if padding_idx is not None:
+        padding_idx = as_int("padding_idx", padding_idx)
     check_args(weight, indices, padding_idx)
     if indices.device.type not in ("cpu", "meta") and check_bounds and not torch.compiler.is_compiling():
         raise_if_out_of_range(indices, weight.shape[0])
