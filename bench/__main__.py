@@ -1,5 +1,6 @@
 """python -m bench [ops...] [--device cuda|npu|cpu] [--dtype bf16|fp16|fp32] [--quick] [--sizes ...]
-                   [--matmul-precision highest|high|medium] [--out DIR] [--no-plots]
+                   [--matmul-precision highest|high|medium] [--out DIR] [--no-plots] [--no-parity]
+                   [--parity-timeout S]
 
 Runs every selected op's benchmark (bench/<op>.py) on the device it finds, prints one table, writes
 <out>/<device>-<date>.json and PNG plots. On CPU it also runs a kernel-vs-reference parity check of each

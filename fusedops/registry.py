@@ -46,6 +46,8 @@ def fused_op(name: str) -> Callable[[Callable], object]:
 
 
 def op_names() -> list[str]:
+    """The registered fusedops op names (forward and backward ops, e.g. "embedding_backward"), sorted;
+    each is torch.ops.fusedops.<name>."""
     return sorted(_IMPLS)
 
 

@@ -359,9 +359,11 @@ def attn_res(
         values: [N, *batch, D] float32/float16/bfloat16. The N depth sources (embedding output and
             block outputs); any number of batch dims, zero included. Only the last dim needs stride 1:
             a slice of a preallocated bank (``bank[:n]``) or permuted batch dims are read in place
-            (any layout whose batch dims merge into three strided dims; others are copied once).
-        query: [D], the learned pseudo-query (any float dtype, e.g. fp32 with bf16 values).
-        norm_weight: [D] RMSNorm gain applied to the keys; None means ones.
+            (any layout whose batch dims merge into three strided dims; others are copied, once in
+            the forward and once in the backward).
+        query: [D] float32/float16/bfloat16, the learned pseudo-query; its dtype need not be values'
+            (e.g. fp32 with bf16 values).
+        norm_weight: [D] float32/float16/bfloat16 RMSNorm gain applied to the keys; None means ones.
         eps: RMSNorm epsilon, positive and finite.
         return_lse: also return lse [*batch] float32, the logsumexp over depth of the logits
             (differentiable).
@@ -374,8 +376,8 @@ def attn_res(
 
     Runs the op ``fusedops::attn_res_with_lse``, which saves out and lse (O(tokens) fp32) for a backward
     that reads values once: sum_j alpha_j <g, v_j> = <g, out>. Differentiable in values, query and
-    norm_weight; the backward is the op ``fusedops::attn_res_backward`` (deterministic, no copy of
-    values). As with any op that saves its output, modifying out in place before backward is an error.
+    norm_weight; the backward is the op ``fusedops::attn_res_backward`` (deterministic; values are
+    read in place where their layout allows, see above). As with any op that saves its output, modifying out in place before backward is an error.
     Raises ValueError naming the argument on bad input.
     """
     check_args(values, query, norm_weight, eps)

@@ -10,7 +10,16 @@ from .op import MAX_HEAD_DIM, MIN_HEAD_DIM, check_window_args, neighborhood_atte
 
 
 class _NeighborhoodAttentionNd(nn.Module):
-    """Multi-head neighborhood self-attention over [B, *spatial, C] (channels last)."""
+    """Multi-head neighborhood self-attention over channels-last input x [B, *spatial, dim].
+
+    qkv = Linear(dim, 3 dim, bias=qkv_bias) split into num_heads heads of dim // num_heads (8 to 256),
+    `fusedops.neighborhood_attention` over the spatial axes (kernel_size, dilation, stride, is_causal,
+    window as there: an int/bool or one per axis), then Linear(dim, dim, bias=proj_bias). Returns
+    [B, *spatial, dim] in the Linear layers' dtype (float32, float16 or bfloat16; under autocast, the autocast
+    dtype). The heads are read from the projection in place, without a copy. Bad arguments raise
+    ValueError at construction; an input of the wrong shape, or axes shorter than kernel_size *
+    dilation, at the call.
+    """
 
     spatial_dims = 0
 
@@ -57,16 +66,25 @@ class _NeighborhoodAttentionNd(nn.Module):
 
 
 class NeighborhoodAttention1d(_NeighborhoodAttentionNd):
+    """Neighborhood self-attention over x [B, L, dim] (sequences)."""
+
     spatial_dims = 1
 
 
 class NeighborhoodAttention2d(_NeighborhoodAttentionNd):
+    """Neighborhood self-attention over x [B, H, W, dim] (images)."""
+
     spatial_dims = 2
 
 
 class NeighborhoodAttention3d(_NeighborhoodAttentionNd):
+    """Neighborhood self-attention over x [B, T, H, W, dim] (videos, volumes)."""
+
     spatial_dims = 3
 
+
+for _cls in (NeighborhoodAttention1d, NeighborhoodAttention2d, NeighborhoodAttention3d):
+    _cls.__doc__ += "\n\n    " + _NeighborhoodAttentionNd.__doc__  # the shared arguments, in help() too
 
 __all__ = ["NeighborhoodAttention1d", "NeighborhoodAttention2d", "NeighborhoodAttention3d"]
 

@@ -404,13 +404,17 @@ def neighborhood_attention(
 
     Args:
         q: [B, H, *spatial, D]; k: [B, H_kv, *spatial, D]; v: [B, H_kv, *spatial, Dv], float32/float16/
-            bfloat16, 1 to 3 spatial axes, H_kv dividing H (GQA/MQA), 8 <= D, Dv <= 256. Only the last
+            bfloat16 (k and v in q's dtype), 1 to 3 spatial axes, H_kv dividing H (GQA/MQA), 8 <= D, Dv <= 256. Only the last
             dim needs stride 1 (a permuted heads-last view is read in place). float32 products are
             exact unless torch's matmul precision allows TF32 (torch.set_float32_matmul_precision("high")),
             which CUDA kernels then use, as torch's matmuls do; softmax and accumulators are float32.
         kernel_size, dilation, stride, is_causal: an int/bool or one per spatial axis. The neighbourhood
-            of a query is the product of its per-axis windows.
-        scale: softmax scale, default D ** -0.5.
+            of a query is the product of its per-axis windows. On an axis of length L: dilation d splits
+            it into d interleaved groups (attention stays within i mod d); stride s makes each group of
+            s consecutive queries share one window, the one of their leader; is_causal keeps keys at or
+            before the query. kernel_size >= 2, kernel_size * dilation <= L, 1 <= stride <=
+            kernel_size.
+        scale: softmax scale, positive and finite; default D ** -0.5.
         window: "shifted" (NATTEN: every query sees exactly kernel_size keys per axis, the window
             slides inward at the borders) or "truncated" (Liger: centred window cut at the borders;
             odd kernel_size, stride 1).
