@@ -377,7 +377,8 @@ def attn_res(
     Runs the op ``fusedops::attn_res_with_lse``, which saves out and lse (O(tokens) fp32) for a backward
     that reads values once: sum_j alpha_j <g, v_j> = <g, out>. Differentiable in values, query and
     norm_weight; the backward is the op ``fusedops::attn_res_backward`` (deterministic; values are
-    read in place where their layout allows, see above). As with any op that saves its output, modifying out in place before backward is an error.
+    read in place where their layout allows, see above). As with any op that saves its output,
+    modifying out in place before backward is an error.
     Raises ValueError naming the argument on bad input.
     """
     check_args(values, query, norm_weight, eps)

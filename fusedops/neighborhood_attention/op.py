@@ -50,7 +50,8 @@ def _per_axis(name: str, value, ndim: int, kind: type) -> list:
         raise ValueError(f"{name} must be an int or one int per spatial axis, got {value!r}") from None
 
 
-def check_window_args(ndim: int, kernel_size, dilation, stride, is_causal, window: str) -> tuple[list, list, list, list]:
+def check_window_args(ndim: int, kernel_size, dilation, stride, is_causal, window: str
+                      ) -> tuple[list[int], list[int], list[int], list[bool]]:
     """The per-axis window arguments normalised, and every check that needs no tensor (the modules run
     it at construction)."""
     if window not in WINDOWS:
