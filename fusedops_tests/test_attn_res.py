@@ -10,7 +10,7 @@ from unittest import mock
 
 import pytest
 import torch
-from hypothesis import assume, given, settings
+from hypothesis import assume, currently_in_test_context, given, settings
 from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -198,7 +198,10 @@ def build_inputs(case):
 def check_case(case, path, onchip_bytes=None, entry="wrapper", kernels="planned"):
     values, query, weight, eps, grad_out = build_inputs(case)
     ref_out, ref_grads = reference_grads(values, query, weight, eps, grad_out)
-    assume(representable(ref_grads, values, query, weight))
+    if currently_in_test_context():  # a hypothesis example: drop it; a fixed case must be representable
+        assume(representable(ref_grads, values, query, weight))
+    else:
+        assert representable(ref_grads, values, query, weight)
     with execution_path(path, onchip_bytes), kernel_choice(kernels):
         out, grads = run_op(values, query, weight, eps, grad_out, entry)
     assert out.dtype == values.dtype
