@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 from typing import Iterator, Optional
+from unittest import mock
 
 import pytest
 import torch
@@ -62,6 +63,27 @@ def execution_path(path: str, onchip_bytes: Optional[int] = None) -> Iterator[No
         FUSEDOPS_ASCEND_UB_BYTES=budget,
     ):
         yield
+
+
+@contextlib.contextmanager
+def recorded_launches(module) -> Iterator[list]:
+    """Every kernel launch of `module` (an op module that calls fusedops.launch.launch) recorded as
+    (kernel name, tensors, meta) and still run: what a kernel was handed, not what aten ops ran (a
+    TorchDispatchMode around a fusedops op sees only the op, not the aten calls inside its body)."""
+    launches: list = []
+    real = module.launch
+
+    def record(kernel, grid, tensors, scalars, meta):
+        launches.append((getattr(kernel, "fn", kernel).__name__, list(tensors), dict(meta)))
+        return real(kernel, grid, tensors, scalars, meta)
+
+    with mock.patch.object(module, "launch", record):
+        yield launches
+
+
+def same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """a and b are the same memory seen the same way (so a kernel handed a read b in place)."""
+    return a.data_ptr() == b.data_ptr() and a.stride() == b.stride() and a.shape == b.shape
 
 
 @contextlib.contextmanager

@@ -41,6 +41,8 @@ from .helpers import (
     float32_matmul_precision,
     gpu,
     opaque_triton_ops,
+    recorded_launches,
+    same_view,
 )
 
 # ---- the oracle: per-axis key lists from the issue text, a dense S x S mask, float64 autograd ----------
@@ -251,10 +253,20 @@ def test_dkdv_walks_boxes_of_its_own(ndim, dq_boxes, dkdv_boxes, dk_by_keys):
 
     na_op._backward_spec.cache_clear()
     try:
-        with execution_path("cuda"), mock.patch.object(na_op, "make_plan", with_dkdv):
+        with execution_path("cuda"), mock.patch.object(na_op, "make_plan", with_dkdv), \
+                recorded_launches(na_op) as launches:
             check_case(case)
     finally:
         na_op._backward_spec.cache_clear()
+
+    def boxes(meta):
+        return tuple(meta[f"BM{a}"] for a in range(3)), tuple(meta[f"BN{a}"] for a in range(3))
+
+    dq = [meta for name, _, meta in launches if name == "na_bwd_dq_kernel"]
+    dkdv = [meta for name, _, meta in launches if name == "na_bwd_dkdv_kernel"]
+    assert dq and dkdv  # the forced plan ran, not the fused 1-D backward
+    assert all(boxes(m) == dq_boxes for m in dq)
+    assert all(boxes(m) == dkdv_boxes and m["DK_BY_KEYS"] == dk_by_keys for m in dkdv)
 
 
 @pytest.mark.parametrize("path", KERNEL_PATHS)
@@ -336,7 +348,8 @@ def test_hand_neighbor_lists_through_the_op(path):
     for (length, k, d, s, causal, window), expected in HAND:
         q = torch.zeros(1, 1, length, 8)
         v = torch.eye(length, 8)[None, None]
-        out = fusedops.neighborhood_attention(q, q.clone(), v, k, d, s, causal, window=window)
+        with execution_path(path):
+            out = fusedops.neighborhood_attention(q, q.clone(), v, k, d, s, causal, window=window)
         for i, keys in expected.items():
             row = out[0, 0, i]
             got = torch.nonzero(row > 1e-6).flatten().tolist()
@@ -451,34 +464,42 @@ def test_backward_is_bitwise_deterministic(path):
 
 @pytest.mark.parametrize("path", KERNEL_PATHS)
 def test_heads_last_views_are_read_in_place(path):
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class CopyWatch(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.copies = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            name = str(func)
-            if any(x in name for x in ("copy", "clone", "contiguous", "_to_copy")):
-                self.copies.append(name)
-            return func(*args, **(kwargs or {}))
-
+    """Permuted heads-last q, k, v reach every kernel as the caller's views (same memory, same strides)."""
     gen = torch.Generator().manual_seed(1)
     q, k, v = (_make((1, 2, 9, 16), torch.float32, True, gen) for _ in range(3))
     assert not q.is_contiguous()
-    with execution_path(path), CopyWatch() as watch:
+    with execution_path(path), recorded_launches(na_op) as launches:
         out, lse = torch.ops.fusedops.neighborhood_attention(q, k, v, [3], [1], [1], [False], None, "shifted")
         torch.ops.fusedops.neighborhood_attention_backward(out, None, q, k, v, out, lse, [3], [1], [1], [False],
                                                            None, "shifted")
-    assert watch.copies == []
+    assert len(launches) >= 2
+    for name, tensors, _ in launches:
+        assert [same_view(a, b) for a, b in zip(tensors[:3], (q, k, v))] == [True] * 3, name
 
 
 def test_reference_never_builds_a_dense_mask():
-    """The reference's working set is O(S x kernel): a 1-D problem with S = 2**15 runs in chunks."""
-    q = torch.randn(1, 1, 2**15, 8)
-    out = fusedops.neighborhood_attention(q, q, q, 3)
+    """The reference's working set is O(S x kernel): with S = 2**15 (a dense mask: 2**30 elements) no tensor
+    it makes, forward or backward, holds more than its chunk bound or S x kernel x D elements."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class LargestTensor(TorchDispatchMode):
+        largest = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else [out]:
+                if isinstance(t, torch.Tensor):
+                    self.largest = max(self.largest, t.numel())
+            return out
+
+    S, K, D = 2**15, 3, 8
+    q = torch.randn(1, 1, S, D)
+    args = ([K], [1], [1], [False], D**-0.5, "shifted")
+    with LargestTensor() as watch:  # the reference itself: its aten calls are what the mode sees
+        out, lse = reference.neighborhood_attention(q, q, q, *args)
+        reference.neighborhood_attention_backward(out, None, q, q, q, out, lse, *args)
     assert out.shape == q.shape
+    assert watch.largest <= max(reference.CHUNK_ELEMENTS, S * K * D) < S * S // 16, watch.largest
 
 
 # ---- registration: opcheck, compile, export -------------------------------------------------------------
@@ -585,27 +606,44 @@ def _good():
 
 
 BAD_INPUTS = {
-    "kernel_size_lt_2": (lambda q, k, v: dict(q=q, k=k, v=v, kernel_size=1), "kernel_size"),
-    "kernel_times_dilation_gt_len": (lambda q, k, v: dict(q=q, k=k, v=v, kernel_size=5, dilation=2), "dilation"),
-    "truncated_even_kernel": (lambda q, k, v: dict(q=q, k=k, v=v, kernel_size=4, window="truncated"), "kernel_size"),
-    "truncated_stride": (lambda q, k, v: dict(q=q, k=k, v=v, kernel_size=3, stride=2, window="truncated"), "stride"),
-    "stride_gt_kernel": (lambda q, k, v: dict(q=q, k=k, v=v, kernel_size=3, stride=4), "stride"),
-    "batch_mismatch": (lambda q, k, v: dict(q=q, k=torch.randn(2, 2, 9, 8), v=v, kernel_size=3), "k"),
-    "spatial_mismatch": (lambda q, k, v: dict(q=q, k=k, v=torch.randn(1, 2, 8, 8), kernel_size=3), "v"),
-    "head_dim_mismatch": (lambda q, k, v: dict(q=q, k=torch.randn(1, 2, 9, 16), v=v, kernel_size=3), "k"),
-    "heads_not_divisible": (lambda q, k, v: dict(q=torch.randn(1, 3, 9, 8), k=k, v=v, kernel_size=3), "heads"),
-    "rank_3": (lambda q, k, v: dict(q=q[0], k=k[0], v=v[0], kernel_size=3), "q"),
-    "rank_7": (lambda q, k, v: dict(q=torch.randn(1, 1, 2, 2, 2, 2, 8), k=k, v=v, kernel_size=2), "q"),
-    "int_dtype": (lambda q, k, v: dict(q=q, k=k.to(torch.int32), v=v, kernel_size=3), "k"),
-    "float64": (lambda q, k, v: dict(q=q.double(), k=k, v=v, kernel_size=3), "q"),
-    "mixed_devices": (lambda q, k, v: dict(q=q, k=k, v=v.to("meta"), kernel_size=3), "v"),
-    "scale_zero": (lambda q, k, v: dict(q=q, k=k, v=v, kernel_size=3, scale=0.0), "scale"),
-    "scale_negative": (lambda q, k, v: dict(q=q, k=k, v=v, kernel_size=3, scale=-1.0), "scale"),
-    "bad_window": (lambda q, k, v: dict(q=q, k=k, v=v, kernel_size=3, window="centered"), "window"),
-    "kernel_size_wrong_axes": (lambda q, k, v: dict(q=q, k=k, v=v, kernel_size=(3, 3)), "kernel_size"),
-    "is_causal_not_bool": (lambda q, k, v: dict(q=q, k=k, v=v, kernel_size=3, is_causal=[2]), "is_causal"),
-    "head_dim_too_small": (lambda q, k, v: dict(q=q[..., :4], k=k[..., :4], v=v, kernel_size=3), "head dim"),
-    "last_dim_strided": (lambda q, k, v: dict(q=torch.randn(1, 2, 9, 16)[..., ::2], k=k, v=v, kernel_size=3), "q"),
+    "kernel_size_lt_2": (lambda q, k, v: dict(q=q, k=k, v=v, kernel_size=1), r"^kernel_size must be >= 2"),
+    "kernel_times_dilation_gt_len": (lambda q, k, v: dict(q=q, k=k, v=v, kernel_size=5, dilation=2),
+                                     r"^kernel_size \* dilation must not exceed the axis length"),
+    "truncated_even_kernel": (lambda q, k, v: dict(q=q, k=k, v=v, kernel_size=4, window="truncated"),
+                              r"^kernel_size must be odd with window='truncated'"),
+    "truncated_stride": (lambda q, k, v: dict(q=q, k=k, v=v, kernel_size=3, stride=2, window="truncated"),
+                         r"^stride must be 1 with window='truncated'"),
+    "stride_gt_kernel": (lambda q, k, v: dict(q=q, k=k, v=v, kernel_size=3, stride=4),
+                         r"^stride must not exceed kernel_size"),
+    "batch_mismatch": (lambda q, k, v: dict(q=q, k=torch.randn(2, 2, 9, 8), v=v, kernel_size=3),
+                       r"^k must have q's batch size"),
+    "spatial_mismatch": (lambda q, k, v: dict(q=q, k=k, v=torch.randn(1, 2, 8, 8), kernel_size=3),
+                         r"^v must have q's spatial shape"),
+    "head_dim_mismatch": (lambda q, k, v: dict(q=q, k=torch.randn(1, 2, 9, 16), v=v, kernel_size=3),
+                          r"^k must have q's head dim"),
+    "heads_not_divisible": (lambda q, k, v: dict(q=torch.randn(1, 3, 9, 8), k=k, v=v, kernel_size=3),
+                            r"^k's number of heads \(2\) must divide q's \(3\)"),
+    "rank_3": (lambda q, k, v: dict(q=q[0], k=k[0], v=v[0], kernel_size=3), r"^q must be \[B, H, \*spatial, D\]"),
+    "rank_7": (lambda q, k, v: dict(q=torch.randn(1, 1, 2, 2, 2, 2, 8), k=k, v=v, kernel_size=2),
+               r"^q must be \[B, H, \*spatial, D\]"),
+    "int_dtype": (lambda q, k, v: dict(q=q, k=k.to(torch.int32), v=v, kernel_size=3),
+                  r"^k must be float32, float16 or bfloat16"),
+    "float64": (lambda q, k, v: dict(q=q.double(), k=k, v=v, kernel_size=3),
+                r"^q must be float32, float16 or bfloat16"),
+    "mixed_devices": (lambda q, k, v: dict(q=q, k=k, v=v.to("meta"), kernel_size=3), r"^v is on meta but q is on cpu"),
+    "scale_zero": (lambda q, k, v: dict(q=q, k=k, v=v, kernel_size=3, scale=0.0),
+                   r"^scale must be positive and finite"),
+    "scale_negative": (lambda q, k, v: dict(q=q, k=k, v=v, kernel_size=3, scale=-1.0),
+                       r"^scale must be positive and finite"),
+    "bad_window": (lambda q, k, v: dict(q=q, k=k, v=v, kernel_size=3, window="centered"), r"^window must be one of"),
+    "kernel_size_wrong_axes": (lambda q, k, v: dict(q=q, k=k, v=v, kernel_size=(3, 3)),
+                               r"^kernel_size must have one entry per spatial axis"),
+    "is_causal_not_bool": (lambda q, k, v: dict(q=q, k=k, v=v, kernel_size=3, is_causal=[2]),
+                           r"^is_causal must be a bool"),
+    "head_dim_too_small": (lambda q, k, v: dict(q=q[..., :4], k=k[..., :4], v=v, kernel_size=3),
+                           r"^q's head dim must be in \[8, 256\]"),
+    "last_dim_strided": (lambda q, k, v: dict(q=torch.randn(1, 2, 9, 16)[..., ::2], k=k, v=v, kernel_size=3),
+                         r"^q must have stride 1 in its last dim"),
 }
 
 
@@ -629,16 +667,19 @@ def test_bad_input_op_level_and_backward():
 
 
 BAD_MODULE_ARGS = {
-    "dim_not_multiple": (dict(dim=10, num_heads=3, kernel_size=3), "dim"),
-    "head_dim_too_small": (dict(dim=8, num_heads=2, kernel_size=3), "head dim"),
-    "head_dim_too_large": (dict(dim=512, num_heads=1, kernel_size=3), "head dim"),
-    "kernel_size_lt_2": (dict(dim=16, num_heads=2, kernel_size=1), "kernel_size"),
-    "kernel_size_wrong_axes": (dict(dim=16, num_heads=2, kernel_size=(3, 3)), "kernel_size"),
-    "dilation_zero": (dict(dim=16, num_heads=2, kernel_size=3, dilation=0), "dilation"),
-    "stride_gt_kernel": (dict(dim=16, num_heads=2, kernel_size=3, stride=4), "stride"),
-    "truncated_even_kernel": (dict(dim=16, num_heads=2, kernel_size=4, window="truncated"), "kernel_size"),
-    "bad_window": (dict(dim=16, num_heads=2, kernel_size=3, window="centered"), "window"),
-    "is_causal_not_bool": (dict(dim=16, num_heads=2, kernel_size=3, is_causal=1), "is_causal"),
+    "dim_not_multiple": (dict(dim=10, num_heads=3, kernel_size=3),
+                         r"^dim \(10\) must be a positive multiple of num_heads \(3\)"),
+    "head_dim_too_small": (dict(dim=8, num_heads=2, kernel_size=3), r"^dim // num_heads \(the head dim"),
+    "head_dim_too_large": (dict(dim=512, num_heads=1, kernel_size=3), r"^dim // num_heads \(the head dim"),
+    "kernel_size_lt_2": (dict(dim=16, num_heads=2, kernel_size=1), r"^kernel_size must be >= 2"),
+    "kernel_size_wrong_axes": (dict(dim=16, num_heads=2, kernel_size=(3, 3)),
+                               r"^kernel_size must have one entry per spatial axis"),
+    "dilation_zero": (dict(dim=16, num_heads=2, kernel_size=3, dilation=0), r"^dilation must be >= 1"),
+    "stride_gt_kernel": (dict(dim=16, num_heads=2, kernel_size=3, stride=4), r"^stride must not exceed kernel_size"),
+    "truncated_even_kernel": (dict(dim=16, num_heads=2, kernel_size=4, window="truncated"),
+                              r"^kernel_size must be odd with window='truncated'"),
+    "bad_window": (dict(dim=16, num_heads=2, kernel_size=3, window="centered"), r"^window must be one of"),
+    "is_causal_not_bool": (dict(dim=16, num_heads=2, kernel_size=3, is_causal=1), r"^is_causal must be a bool"),
 }
 
 
@@ -903,11 +944,16 @@ def test_window_mask_variants_match_oracle(path, ndim, mask_bits, walk_tests):
     na_op._forward_spec.cache_clear()
     na_op._backward_spec.cache_clear()
     try:
-        with execution_path(path, onchip_bytes=12 * 1024), mock.patch.object(na_op, "make_plan", forced):
+        with execution_path(path, onchip_bytes=12 * 1024), mock.patch.object(na_op, "make_plan", forced), \
+                recorded_launches(na_op) as launches:
             check_case(case)
     finally:
         na_op._forward_spec.cache_clear()
         na_op._backward_spec.cache_clear()
+    names = {name for name, _, _ in launches}
+    assert {"na_fwd_kernel", "na_bwd_dq_kernel", "na_bwd_dkdv_kernel"} <= names
+    assert any(meta["MASK_BITS"] for _, _, meta in launches) == mask_bits  # the forced mask ran
+    assert all(meta["WALK_TESTS"] == walk_tests for name, _, meta in launches if name == "na_bwd_dkdv_kernel")
 
 
 @pytest.mark.parametrize("spatial, kernel, d, bm, bn, warps", [
