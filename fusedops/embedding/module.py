@@ -7,9 +7,9 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from fusedops.validation import as_int, check_bool
+from fusedops.validation import check_bool
 
-from .op import embedding
+from .op import embedding, normalize_padding_idx
 
 
 def _check_unsupported(max_norm: Optional[float], sparse: bool) -> None:
@@ -46,10 +46,8 @@ class Embedding(nn.Embedding):
     ) -> None:
         _check_unsupported(max_norm, sparse)
         check_bool("scale_grad_by_freq", scale_grad_by_freq)
-        if padding_idx is not None:
-            padding_idx = as_int("padding_idx", padding_idx)
-        if padding_idx is not None and not -num_embeddings <= padding_idx < num_embeddings:
-            raise ValueError(f"padding_idx must be within [-{num_embeddings}, {num_embeddings}), got {padding_idx}")
+        if padding_idx is not None:  # the op's own check (an int in range), then nn.Embedding's storage
+            padding_idx = normalize_padding_idx(padding_idx, num_embeddings)
         super().__init__(
             num_embeddings, embedding_dim, padding_idx, None, norm_type, scale_grad_by_freq, False,
             _weight, _freeze, device, dtype,
