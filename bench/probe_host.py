@@ -33,7 +33,7 @@ def _inputs(v: int, d: int, tokens: int) -> tuple[torch.Tensor, torch.Tensor, to
 
 
 def _fused_step(w, idx, go):
-    return torch.autograd.grad(fusedops.embedding(idx, w, check_bounds=False), [w], go)
+    return torch.autograd.grad(fusedops.embedding(idx, w), [w], go)
 
 
 class _Identity(torch.autograd.Function):
@@ -77,14 +77,14 @@ def main(v: int = 32768, d: int = 768, tokens: int = 4096) -> None:
             launch_mod._hooks_set = saved
 
     rows["fusedops fwd+bwd, launches via Triton's runner"] = through_runner
-    rows["fusedops fwd (graph built)"] = lambda: fusedops.embedding(idx, w, check_bounds=False)
+    rows["fusedops fwd (graph built)"] = lambda: fusedops.embedding(idx, w)
 
     def no_grad_fwd():
         with torch.no_grad():
-            return fusedops.embedding(idx, w, check_bounds=False)
+            return fusedops.embedding(idx, w)
 
     rows["fusedops fwd (no_grad)"] = no_grad_fwd
-    out_f, out_t = fusedops.embedding(idx, w, check_bounds=False), F.embedding(idx, w)
+    out_f, out_t = fusedops.embedding(idx, w), F.embedding(idx, w)
     rows["fusedops bwd (saved graph)"] = lambda: torch.autograd.grad(out_f, [w], go, retain_graph=True)
     rows["torch bwd (saved graph)"] = lambda: torch.autograd.grad(out_t, [w], go, retain_graph=True)
     x = torch.zeros(4, device="cuda", requires_grad=True)
@@ -234,7 +234,7 @@ def timeline(w, idx, go, steps: int) -> None:
     def step():
         st = {"start": time.perf_counter()}
         stamps.append(st)
-        out = fusedops.embedding(idx, w, check_bounds=False)
+        out = fusedops.embedding(idx, w)
         st["fwd out"] = time.perf_counter()
         grads = torch.autograd.grad(out, [w], go)
         st["grad out"] = time.perf_counter()
@@ -272,7 +272,7 @@ def sync_check(v: int = 151936, d: int = 4096, tokens: int = 16384) -> None:
         "torch.sort int32 stable": lambda: torch.sort(k32, stable=True),
         "_sorted_runs": lambda: call_direct(emb._sorted_runs, idx, v, target),
         "_backward body": lambda: call_direct(emb._backward, go, idx, v, -1, False, target),
-        "fusedops fwd": lambda: fusedops.embedding(idx, w, check_bounds=False),
+        "fusedops fwd": lambda: fusedops.embedding(idx, w),
         "fusedops fwd+bwd": lambda: _fused_step(w, idx, go),
         "torch fwd+bwd": lambda: torch.autograd.grad(F.embedding(idx, w), [w], go),
     }

@@ -59,7 +59,7 @@ class Step:
 
     def forward(self):
         embedding_fwd_kernel[(self.fplan.grid,)](self.idx, self.weight, self.out, self.tokens, self.v, self.d,
-                                                 self.weight.stride(0), self.weight.stride(1),
+                                                 self.idx.stride(0), self.weight.stride(0), self.weight.stride(1),
                                                  BLOCK_T=self.fplan.block_rows, BLOCK_D=self.fplan.block_d,
                                                  num_warps=self.fplan.num_warps)
 

@@ -113,6 +113,8 @@ def _launch_cuda(kernel, grid, tensors, scalars, meta) -> None:
             with device_switch(tensors[0]):
                 entry(device, pointers, scalars)
         return
+    if getattr(kernel, "debug", False):  # debug mode for its device asserts, not for overflow checks
+        meta = {**meta, "sanitize_overflow": False}
     with device_switch(tensors[0]):
         compiled = kernel[grid](*tensors, *scalars, **meta)
     # A compiled kernel's launcher takes every parameter positionally, constexprs included.

@@ -3,6 +3,8 @@ both launch plans under the Triton interpreter (CPU CI), and on real kernels whe
 
 from __future__ import annotations
 
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -241,16 +243,28 @@ def test_expanded_grad_and_noncontiguous_indices(path):
 
 
 @pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("check_bounds", [True, False])
+@pytest.mark.parametrize("check_bounds", ["device", "host"])
 @pytest.mark.parametrize("bad", [-1, 8, 1000])
 def test_out_of_range_raises_on_cpu(path, check_bounds, bad):
+    """Forward and backward ops, any index layout: the first bad value is named."""
     weight = torch.randn(7, 4)
-    indices = torch.tensor([[0, 3], [bad, 6]])
+    indices = torch.tensor([[0, 3, 1], [bad, 6, bad]])[:, ::2]
     names_bad = rf"^indices holds {bad}, outside the weight's rows \[0, 7\)"  # the value, not the row count
     with execution_path(path), pytest.raises(IndexError, match=names_bad):
         fusedops.embedding(indices, weight, check_bounds=check_bounds)
     with execution_path(path), pytest.raises(IndexError, match=names_bad):
         torch.ops.fusedops.embedding(weight, indices, None, False)
+    with execution_path(path), pytest.raises(IndexError, match=names_bad):
+        torch.ops.fusedops.embedding_backward(torch.ones(2, 2, 4), indices, 7, None, False)
+
+
+@pytest.mark.parametrize("check_bounds", [True, False, "no", None])
+def test_check_bounds_takes_its_modes_only(check_bounds):
+    """Booleans included: False once meant "no check", and an unchecked index is never silent now."""
+    with pytest.raises(ValueError, match="^check_bounds must be 'device'"):
+        fusedops.embedding(torch.tensor([1]), torch.randn(3, 2), check_bounds=check_bounds)
+    with pytest.raises(ValueError, match="^check_bounds must be 'device'"):
+        fusedops.nn.Embedding(3, 2, check_bounds=check_bounds)
 
 
 def _guarded(shape, dtype):
@@ -296,8 +310,9 @@ def test_run_detection(plan, num_weights, data, request):
 @pytest.mark.parametrize("plan", ["cuda", "ascend"], ids=["cuda-plan", "ascend-plan"])
 @pytest.mark.parametrize("tiled", [False, True])
 def test_kernels_mask_out_of_range_indices(plan, tiled, request, monkeypatch):
-    """With the bounds check off the kernels themselves must be safe: out-of-range rows read as zeros,
-    contribute no gradient, and nothing is written outside the output tensors."""
+    """Where device asserts are compiled out (the interpreter; an Inductor build without them) the kernels
+    themselves must be safe: out-of-range rows read as zeros, contribute no gradient, and nothing is
+    written outside the output tensors."""
     monkeypatch.setenv("FUSEDOPS_ASCEND_VECTOR_CORES", FEW_CORES)
     if plan == "ascend":
         request.applymarker(pytest.mark.ascend)
@@ -313,7 +328,7 @@ def test_kernels_mask_out_of_range_indices(plan, tiled, request, monkeypatch):
         if plan == "ascend" and tiled:
             assert p.grid < p.tiles(indices.numel(), D)  # the grid-stride loop visits several tiles
         embedding_fwd_kernel[(p.grid,)](
-            indices, weight, out, indices.numel(), V, D, weight.stride(0), weight.stride(1),
+            indices, weight, out, indices.numel(), V, D, indices.stride(0), weight.stride(0), weight.stride(1),
             BLOCK_T=p.block_rows, BLOCK_D=p.block_d,
         )
         assert intact(), "forward wrote outside its output"
@@ -521,7 +536,8 @@ def test_module_is_drop_in_and_state_dict_round_trip():
     ref.weight.data.mul_(2)
     ref(x).sum().backward()
     assert_close("grad", ours.weight.grad, ref.weight.grad, torch.float32)
-    assert "check_bounds=False" in repr(fusedops.nn.Embedding(3, 2, check_bounds=False))
+    assert "check_bounds='host'" in repr(fusedops.nn.Embedding(3, 2, check_bounds="host"))
+    assert "check_bounds" not in repr(fusedops.nn.Embedding(3, 2))
 
 
 def test_from_pretrained():
@@ -614,31 +630,72 @@ class TestGPU:
         empty = fusedops.embedding(idx[:0], weight)
         assert empty.shape == (0, 256)
 
-    def test_out_of_range(self):
+    def test_out_of_range_host_check_names_the_value(self):
         weight = torch.randn(100, 64, device="cuda")
         idx = torch.tensor([3, 150, -1, 2**40, 99], device="cuda")
         with pytest.raises(IndexError, match="^indices holds 150,"):
-            fusedops.embedding(idx, weight)
-        w = weight.clone().requires_grad_()
-        out = fusedops.embedding(idx, w, check_bounds=False)
-        out.backward(torch.ones_like(out))
-        torch.cuda.synchronize()
-        ok = torch.tensor([True, False, False, False, True], device="cuda")
-        assert torch.equal(out[ok], weight[idx[ok]]) and not out[~ok].any()
-        assert w.grad.sum().item() == 2 * 64
+            fusedops.embedding(idx, weight, check_bounds="host")
 
-    def test_large_vocabulary_masks_out_of_range_and_padding(self):
-        """At a real vocabulary size with the bounds check off: out-of-range indices add nothing to any row,
-        the padding row's gradient is zero, and the backward is bitwise reproducible."""
+    @pytest.mark.parametrize("call", ["eager", "backward_op", "compiled", "strided"])
+    def test_out_of_range_fails_a_device_assert(self, call):
+        """The default call never reads the indices on the host, yet a bad index is never silent: the
+        kernel's device assert fails (in a child process: it leaves the CUDA context unusable)."""
+        script = f"""
+import torch, fusedops
+w = torch.randn(100, 64, device="cuda", requires_grad=True)
+idx = torch.tensor([3, 150, 99, 7], device="cuda")
+call = {call!r}
+if call == "eager":
+    out = fusedops.embedding(idx, w)
+elif call == "strided":
+    out = fusedops.embedding(torch.tensor([1, 2, 150, 4], device="cuda")[::2], w)
+elif call == "backward_op":
+    out = torch.ops.fusedops.embedding_backward(torch.ones(4, 64, device="cuda"), idx, 100, None, False)
+else:
+    out = torch.compile(lambda i: fusedops.embedding(i, w) * 2, fullgraph=True)(idx)
+torch.cuda.synchronize()
+print("NO ERROR", out.shape)
+"""
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+        assert "NO ERROR" not in done.stdout and done.returncode != 0, done.stdout + done.stderr
+        assert "device-side assert" in done.stderr, done.stderr[-3000:]
+
+    def test_default_step_is_captured_in_a_cuda_graph(self):
+        """No host synchronisation on the default path: a forward + backward step is captured and replays
+        the eager bits on new indices."""
+        V, D = 5000, 256
+        weight = torch.randn(V, D, device="cuda", requires_grad=True)
+        idx = torch.randint(0, V, (64, 33), device="cuda")
+        grad_out = torch.randn(64, 33, D, device="cuda")
+
+        def step():
+            out = fusedops.embedding(idx, weight, padding_idx=3)
+            return out, torch.autograd.grad(out, weight, grad_out)[0]
+
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            step()  # compile and cache the launches outside the capture
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out, grad = step()
+        idx.copy_(torch.randint(0, V, idx.shape, device="cuda"))
+        graph.replay()
+        want_out, want_grad = step()
+        assert torch.equal(out, want_out) and torch.equal(grad, want_grad)
+
+    def test_large_vocabulary_padding_and_repeats(self):
+        """At a real vocabulary size: the padding row's gradient is zero, heavy repeats sum right, and the
+        backward is bitwise reproducible."""
         V, D = 40000, 4096
         weight = torch.randn(V, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         idx = torch.randint(0, V, (4096,), device="cuda")
-        idx[::7], idx[1::7], idx[2::11] = V + 5, -3, 11
-        out = fusedops.embedding(idx, weight, padding_idx=11, check_bounds=False)
+        idx[::7], idx[2::11] = V - 1, 11
+        out = fusedops.embedding(idx, weight, padding_idx=11)
         grad_out = torch.randn_like(out)
         (grad,) = torch.autograd.grad(out, weight, grad_out, retain_graph=True)
-        ok = (idx >= 0) & (idx < V)
-        ref = torch_reference(weight.detach(), idx[ok], grad_out[ok], 11, False)[1]
+        ref = torch_reference(weight.detach(), idx, grad_out, 11, False)[1]
         assert_close("grad_weight", grad, ref, torch.bfloat16)
         assert not grad[11].any()
         assert torch.equal(grad, torch.autograd.grad(out, weight, grad_out)[0]), "backward not bitwise reproducible"
@@ -646,7 +703,7 @@ class TestGPU:
     def test_compile_of_leaf_weight_matches_eager(self):
         weight = torch.randn(300, 64, device="cuda").requires_grad_()
         idx = torch.randint(0, 300, (8, 33), device="cuda")
-        assert_compiled_leaves_like_eager(lambda w, i: fusedops.embedding(i, w, check_bounds=False), (weight, idx))
+        assert_compiled_leaves_like_eager(lambda w, i: fusedops.embedding(i, w), (weight, idx))
 
     def test_compile_inductor(self):
         model = Tower().cuda()
@@ -659,7 +716,7 @@ class TestGPU:
         """Inductor traces the op's body (plans, grids, launches) with symbolic sizes."""
         weight = torch.randn(5000, 96, device="cuda").requires_grad_()
         sets = [(torch.randint(0, 5000, shape, device="cuda"), weight) for shape in ((4, 100), (8, 33), (3, 1000))]
-        assert_dynamic_compile_like_eager(lambda i, w: fusedops.embedding(i, w, check_bounds=False), sets,
+        assert_dynamic_compile_like_eager(lambda i, w: fusedops.embedding(i, w), sets,
                                           backend="inductor")
 
 

@@ -8,22 +8,28 @@ share the same indices. Every offset is int64, so tokens x D and V x stride neve
 
 Only tl.load / tl.store, tl.where, scalar branches and loops over range: the kernels run unchanged
 under the Triton interpreter and triton-ascend.
+
+The kernels that read the indices (the forward and the backward's sort keys) are compiled in Triton's
+debug mode for their one `tl.device_assert`: an index outside [0, V) stops the kernel with a device-side
+assert, as torch's own embedding does, without the host ever reading the indices. The launch turns
+Triton's integer-overflow checks (also part of debug mode) back off. The interpreter compiles asserts
+out; CPU tensors are checked on the host instead, where that costs no synchronisation.
 """
 
 import triton
 import triton.language as tl
 
 
-@triton.jit
+@triton.jit(debug=True)
 def embedding_fwd_kernel(
     idx_ptr, w_ptr, out_ptr,
-    N, V, D, W_S0, W_S1,
+    N, V, D, IDX_S, W_S0, W_S1,
     BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    """out[t, d] = weight[idx[t], d] for t < N, d < D; out is contiguous [N, D].
+    """out[t, d] = weight[idx[t * IDX_S], d] for t < N, d < D; out is contiguous [N, D].
 
-    An index outside [0, V) is never dereferenced: its lanes are masked off and its row of out is
-    written as zeros (the wrapper raises before launch unless its bounds check is off).
+    An index outside [0, V) fails the device assert; where asserts are compiled out it is still never
+    dereferenced: its lanes are masked off and its row of out is written as zeros.
     """
     pid = tl.program_id(0)
     d_blocks = tl.cdiv(D, BLOCK_D)
@@ -33,8 +39,9 @@ def embedding_fwd_kernel(
         db = tile - tb * d_blocks
         t = tb.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
         t_mask = t < N
-        idx = tl.load(idx_ptr + t, mask=t_mask, other=0).to(tl.int64)
+        idx = tl.load(idx_ptr + t * IDX_S, mask=t_mask, other=0).to(tl.int64)
         ok = t_mask & (idx >= 0) & (idx < V)
+        tl.device_assert(ok | ~t_mask, "fusedops.embedding: an index is outside the weight's rows [0, V)")
         idx = tl.where(ok, idx, 0)
         d = db.to(tl.int64) * BLOCK_D + tl.arange(0, BLOCK_D)
         d_mask = d < D
@@ -161,17 +168,19 @@ def embedding_bwd_kernel(
             _zero_tile(offs_ptr, gw_ptr, tile, V, D, PAD, BLOCK_R, BLOCK_D, EVICT)
 
 
-@triton.jit
-def embedding_run_keys_kernel(idx_ptr, keys_ptr, N, V, BLOCK: tl.constexpr):
-    """keys[t] = idx[t] where 0 <= idx[t] < V, else -1, in keys' dtype: the sort keys of the backward.
-    Every out-of-range index becomes -1, so it sorts before every run and the keys fit int16 up to
-    V = 2**15."""
+@triton.jit(debug=True)
+def embedding_run_keys_kernel(idx_ptr, keys_ptr, N, V, IDX_S, BLOCK: tl.constexpr):
+    """keys[t] = idx[t * IDX_S] where 0 <= idx < V, else -1, in keys' dtype: the sort keys of the
+    backward. An out-of-range index fails the device assert; where asserts are compiled out it becomes
+    -1, so it sorts before every run (and the keys fit int16 up to V = 2**15)."""
     pid = tl.program_id(0)
     for start in range(pid * BLOCK, N, tl.num_programs(0) * BLOCK):
         t = start + tl.arange(0, BLOCK)
         in_range = t < N
-        i = tl.load(idx_ptr + t, mask=in_range, other=0)
-        k = tl.where((i >= 0) & (i < V), i, -1)
+        i = tl.load(idx_ptr + t.to(tl.int64) * IDX_S, mask=in_range, other=0)
+        ok = (i >= 0) & (i < V)
+        tl.device_assert(ok | ~in_range, "fusedops.embedding_backward: an index is outside [0, num_weights)")
+        k = tl.where(ok, i, -1)
         tl.store(keys_ptr + t, k.to(keys_ptr.dtype.element_ty), mask=in_range)
 
 

@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from fusedops.validation import check_bool
 
-from .op import embedding, normalize_padding_idx
+from .op import check_bounds_mode, embedding, normalize_padding_idx
 
 
 def _check_unsupported(max_norm: Optional[float], sparse: bool) -> None:
@@ -42,7 +42,7 @@ class Embedding(nn.Embedding):
         device=None,
         dtype=None,
         *,
-        check_bounds: bool = True,
+        check_bounds: str = "device",
     ) -> None:
         _check_unsupported(max_norm, sparse)
         check_bool("scale_grad_by_freq", scale_grad_by_freq)
@@ -52,7 +52,7 @@ class Embedding(nn.Embedding):
             num_embeddings, embedding_dim, padding_idx, None, norm_type, scale_grad_by_freq, False,
             _weight, _freeze, device, dtype,
         )
-        self.check_bounds = check_bounds
+        self.check_bounds = check_bounds_mode(check_bounds)
 
     def forward(self, input: Tensor) -> Tensor:
         return embedding(input, self.weight, self.padding_idx, self.scale_grad_by_freq, check_bounds=self.check_bounds)
@@ -68,7 +68,7 @@ class Embedding(nn.Embedding):
         scale_grad_by_freq: bool = False,
         sparse: bool = False,
         *,
-        check_bounds: bool = True,
+        check_bounds: str = "device",
     ) -> "Embedding":
         if not isinstance(embeddings, torch.Tensor) or embeddings.dim() != 2:
             raise ValueError("embeddings must be a 2-D tensor [num_embeddings, embedding_dim]")
@@ -80,4 +80,4 @@ class Embedding(nn.Embedding):
         )
 
     def extra_repr(self) -> str:
-        return super().extra_repr() + ("" if self.check_bounds else ", check_bounds=False")
+        return super().extra_repr() + ("" if self.check_bounds == "device" else f", check_bounds={self.check_bounds!r}")

@@ -18,6 +18,14 @@ from .kernels import embedding_bwd_kernel, embedding_fwd_kernel, embedding_run_k
 from .plan import MAX_LOG_TOKENS, OFFSETS_BLOCK, RUN_BLOCK, make_plan, run_key_dtype
 
 INDEX_DTYPES = (torch.int32, torch.int64)
+CHECK_BOUNDS = ("device", "host")
+
+
+def check_bounds_mode(check_bounds) -> str:
+    if not isinstance(check_bounds, str) or check_bounds not in CHECK_BOUNDS:
+        raise ValueError(f"check_bounds must be 'device' (the default: the kernel asserts, no host sync) or 'host' "
+                         f"(a synchronising check raising IndexError), got {check_bounds!r}")
+    return check_bounds
 
 
 def check_indices(indices: Tensor) -> None:
@@ -65,6 +73,26 @@ def raise_if_out_of_range(indices: Tensor, num_weights: int) -> None:
         raise IndexError(f"indices holds {bad}, outside the weight's rows [0, {num_weights})")
 
 
+def check_cpu_indices(indices: Tensor, num_weights: int) -> None:
+    """The bounds check of CPU indices, which costs no synchronisation there (on a GPU or NPU the
+    kernels assert on the device): IndexError naming the first bad value; traced by torch.compile or
+    export, an assert inside the graph, so the compiled graph refuses a bad index too."""
+    if indices.device.type != "cpu":
+        return
+    if is_fake(indices):
+        in_range = ((indices >= 0) & (indices < num_weights)).all()
+        torch._assert_async(in_range, f"fusedops.embedding: indices outside the weight's rows [0, {num_weights})")
+    else:
+        raise_if_out_of_range(indices, num_weights)
+
+
+def flat_indices(indices: Tensor) -> tuple[Tensor, int]:
+    """indices as one dim and its stride: a view where one stride walks them all (a step slice, an
+    expanded scalar), else a copy. The kernels read index t at t * stride."""
+    flat = indices.reshape(-1)
+    return flat, flat.stride(0)
+
+
 def _forward(weight: Tensor, indices: Tensor, target: Target) -> Tensor:
     num_weights, dim = weight.shape
     out = weight.new_empty((*indices.shape, dim))
@@ -72,9 +100,10 @@ def _forward(weight: Tensor, indices: Tensor, target: Target) -> Tensor:
     if tokens == 0 or dim == 0:
         return out
     plan = make_plan(target, tokens, dim, weight.element_size(), backward=False)
+    flat, stride = flat_indices(indices)
     launch(
-        embedding_fwd_kernel, (plan.grid,), (indices.reshape(-1), weight, out),
-        (tokens, num_weights, dim, weight.stride(0), weight.stride(1)),
+        embedding_fwd_kernel, (plan.grid,), (flat, weight, out),
+        (tokens, num_weights, dim, stride, weight.stride(0), weight.stride(1)),
         dict(BLOCK_T=plan.block_rows, BLOCK_D=plan.block_d, num_warps=plan.num_warps),
     )
     return out
@@ -87,11 +116,12 @@ def _search_steps(tokens: int) -> int:
     return tokens.bit_length() if isinstance(tokens, int) else MAX_LOG_TOKENS
 
 
-def _sorted_runs(flat: Tensor, num_weights: int, target: Target) -> tuple[Tensor, Tensor, Tensor]:
+def _sorted_runs(indices: Tensor, num_weights: int, target: Target) -> tuple[Tensor, Tensor, Tensor]:
     """(keys, perm, offsets): the indices sorted stably, the token positions in that order, and where
     each index's run starts in it ([V + 1]). Out-of-range indices become -1 first, so they sort before
     every run, and the keys take the narrowest integer type the plan allows (a radix sort of 16-bit
     keys makes half the passes of 32-bit ones). All sizes are known on the host: nothing here syncs."""
+    flat, stride = flat_indices(indices)
     tokens = flat.numel()
     if isinstance(tokens, int) and tokens >= 2**MAX_LOG_TOKENS:
         raise ValueError(f"indices: the backward sorts at most 2**{MAX_LOG_TOKENS} - 1 indices, got {tokens}")
@@ -99,8 +129,8 @@ def _sorted_runs(flat: Tensor, num_weights: int, target: Target) -> tuple[Tensor
     if tokens == 0:
         return flat.new_zeros(1, dtype=key_dtype), flat.new_zeros(1), flat.new_zeros(num_weights + 1)
     keys = flat.new_empty(tokens, dtype=key_dtype)
-    launch(embedding_run_keys_kernel, (target.grid_size(-(-tokens // RUN_BLOCK)),), (flat, keys), (tokens, num_weights),
-           dict(BLOCK=RUN_BLOCK))
+    launch(embedding_run_keys_kernel, (target.grid_size(-(-tokens // RUN_BLOCK)),), (flat, keys),
+           (tokens, num_weights, stride), dict(BLOCK=RUN_BLOCK))
     keys, perm = torch.sort(keys, stable=True)
     offsets = flat.new_empty(num_weights + 1, dtype=torch.int64)
     launch(embedding_run_offsets_kernel, (target.grid_size(-(-(num_weights + 1) // OFFSETS_BLOCK)),),
@@ -116,7 +146,7 @@ def _backward(
     if num_weights == 0 or dim == 0:
         return grad_weight
     tokens = indices.numel()
-    keys, perm, offsets = _sorted_runs(indices.reshape(-1), num_weights, target)
+    keys, perm, offsets = _sorted_runs(indices, num_weights, target)
     grad2d = grad_out.reshape(-1, dim)
     plan = make_plan(target, num_weights, dim, grad_out.element_size(), backward=True, tokens=tokens)
     launch(
@@ -133,16 +163,9 @@ def _backward(
 def _run_checked(
     weight: Tensor, indices: Tensor, padding_idx: Optional[int], scale_grad_by_freq: bool = False
 ) -> Tensor:
-    """The op on checked arguments; CPU indices are bounds-checked here (the GPU check is the
-    wrapper's, optional). scale_grad_by_freq only matters to the backward."""
-    if indices.device.type == "cpu":
-        if is_fake(indices):
-            # Traced by torch.compile/export: no data to name, but the compiled graph must still
-            # refuse a bad index rather than return the kernel's masked zero row.
-            in_range = ((indices >= 0) & (indices < weight.shape[0])).all()
-            torch._assert_async(in_range, f"fusedops.embedding: indices outside the weight's rows [0, {weight.shape[0]})")
-        else:
-            raise_if_out_of_range(indices, weight.shape[0])
+    """The op on checked arguments, CPU indices bounds-checked here. scale_grad_by_freq only matters
+    to the backward."""
+    check_cpu_indices(indices, weight.shape[0])
     return _run(weight, indices, padding_idx)
 
 
@@ -163,9 +186,9 @@ def _run_backward(grad_out, indices, num_weights, pad, scale_grad_by_freq):
 
 @fused_op("embedding")
 def embedding_op(weight: Tensor, indices: Tensor, padding_idx: Optional[int], scale_grad_by_freq: bool) -> Tensor:
-    """Row gather out = weight[indices]. See `fusedops.embedding` for shapes and semantics. On CPU
-    tensors an out-of-range index raises IndexError (RuntimeError from the in-graph assert when
-    traced); elsewhere the kernel masks it (a zero row)."""
+    """Row gather out = weight[indices]. See `fusedops.embedding` for shapes and semantics. An
+    out-of-range index raises IndexError on CPU tensors (RuntimeError from the in-graph assert when
+    traced) and fails a device-side assert in the kernel on a GPU."""
     check_args(weight, indices, padding_idx)
     return _run_checked(weight, indices, padding_idx)
 
@@ -192,8 +215,9 @@ def embedding_backward_op(
     """The weight gradient of embedding, [num_weights, D] in grad_out's dtype. Deterministic: a
     stable sort of the indices, then one launch sums each run of equal indices in fp32 in token order
     and stores its row, and stores zeros to the rows no index names: every row written exactly once,
-    no atomics. Out-of-range indices contribute nothing."""
+    no atomics. An index outside [0, num_weights) is refused as by the forward op."""
     pad = check_backward_args(grad_out, indices, num_weights, padding_idx)
+    check_cpu_indices(indices, num_weights)
     return _run_backward(grad_out, indices, num_weights, pad, scale_grad_by_freq)
 
 
@@ -277,7 +301,7 @@ def embedding(
     max_norm: Optional[float] = None,
     norm_type: float = 2.0,
     sparse: bool = False,
-    check_bounds: bool = True,
+    check_bounds: str = "device",
 ) -> Tensor:
     """Embedding lookup with `torch.nn.functional.embedding` semantics: ``out = weight[indices]``.
 
@@ -290,12 +314,13 @@ def embedding(
         scale_grad_by_freq: divide each row's gradient by how often its index occurs in the batch.
         max_norm, sparse: not supported; passing max_norm or sparse=True raises ValueError (norm_type,
             which only max_norm uses, is accepted for torch's keyword signature).
-        check_bounds: on a GPU, check that every index is in [0, V) before the launch and raise
-            IndexError naming the first offending value. This costs one small reduction and a host
-            sync; pass False to skip it. On CPU tensors the check always runs (inside a
-            torch.compile'd graph on CPU it is an in-graph assert that raises RuntimeError). With
-            the check off (or in a compiled GPU graph, where it is skipped) the kernels still never
-            access memory out of bounds: an out-of-range index yields a zero row and no gradient.
+        check_bounds: how an index outside [0, V) is refused; it is never ignored. "device" (the
+            default) never synchronises the host and is CUDA-graph capturable: on a GPU the kernel
+            fails a device-side assert, as torch.nn.functional.embedding does (the CUDA error
+            surfaces at the next synchronisation and leaves the CUDA context unusable). "host" reads
+            the indices before the launch (one reduction and a host sync) and raises IndexError
+            naming the first offending value: for debugging. On CPU tensors both raise that
+            IndexError (in a torch.compile'd CPU graph, an in-graph assert raising RuntimeError).
 
     Returns:
         [*indices.shape, D] in weight's dtype.
@@ -314,8 +339,9 @@ def embedding(
                          "argument here, where torch.nn.functional.embedding has max_norm)")
     if padding_idx is not None:
         padding_idx = as_int("padding_idx", padding_idx)
+    check_bounds_mode(check_bounds)
     check_args(weight, indices, padding_idx)
-    if indices.device.type not in ("cpu", "meta") and check_bounds and not torch.compiler.is_compiling():
+    if check_bounds == "host" and indices.device.type not in ("cpu", "meta") and not torch.compiler.is_compiling():
         raise_if_out_of_range(indices, weight.shape[0])
     if direct_call_ok(weight, indices):
         return _Direct.call(weight, indices, padding_idx, scale_grad_by_freq)

@@ -1,8 +1,8 @@
 """The readable PyTorch definition of fusedops.embedding, used on plain CPU tensors and as the
 specification the kernels are tested against.
 
-Forward: out[*i] = weight[indices[*i]] (a row gather). An index outside [0, V) reads as a zero row:
-the op itself never faults on bad data; the wrapper `fusedops.embedding` raises IndexError first.
+Forward: out[*i] = weight[indices[*i]] (a row gather). The op checks the indices before it gets here;
+an index outside [0, V) would read as a zero row (meta tensors, which hold no data, come here too).
 
 Backward (the weight gradient, the only one):
     grad_weight[v] = s_v * sum over tokens t with indices[t] == v of grad_out[t]
@@ -27,8 +27,9 @@ def embedding(weight: Tensor, indices: Tensor, padding_idx: int) -> Tensor:
     flat = indices.reshape(-1).long()
     ok = in_range(flat, num_weights)
     rows = weight.index_select(0, torch.where(ok, flat, 0)) if num_weights else weight.new_zeros(flat.shape[0], dim)
-    out = torch.where(ok[:, None], rows, rows.new_zeros(()))
-    return out.reshape(*indices.shape, dim)
+    # Shaped before the where, so out is a fresh tensor and not a view: in-place ops on it are legal.
+    shape = (*indices.shape, dim)
+    return torch.where(ok.reshape(*indices.shape, 1), rows.reshape(shape), rows.new_zeros(()))
 
 
 def embedding_backward(
@@ -38,7 +39,7 @@ def embedding_backward(
     if num_weights == 0:
         return grad_out.new_zeros(0, dim)
     flat = indices.reshape(-1).long()
-    g = grad_out.reshape(-1, dim).float()
+    g = grad_out.reshape(flat.shape[0], dim).float()  # explicit sizes: -1 is ambiguous at D = 0
     ok = in_range(flat, num_weights)
     # Out-of-range tokens become zero rows added to row 0 rather than being dropped by a boolean mask:
     # no data-dependent shape, so meta tensors (shapes only) take this path too.
