@@ -124,18 +124,19 @@ WHOLE_ROW_VARIANTS = [(4, 256, 2, None), (4, 0, 2, None), (4, 0, 4, None), (2, 0
 
 
 def sweep_bwd(cases=((151936, 4096, 16384), (131072, 4096, 16384), (50257, 1600, 8192), (32768, 768, 16384)),
-              variants=BWD_VARIANTS, evict: str = "") -> None:
+              variants=BWD_VARIANTS, evict: str = "", chunks=(64, 256, 1024)) -> None:
     """Backward-kernel tile variants (tile shape, warps, register cap), kernel-only, uniform and
     Zipf(1.1) indices, each result checked bitwise against the first; every variant twice, with the
     run items first (ZEROS_PER_RUN = 0, the v5 order) and interleaved with the zero tiles (the plan's);
-    evict: the L2 eviction policy of the once-touched loads and stores (the kernel's EVICT).
+    evict: the L2 eviction policy of the once-touched loads and stores (the kernel's EVICT); chunks: the
+    longest run one program sums (longer runs are split and merged by embedding_bwd_merge_kernel).
     python -c "from bench.embedding import sweep_bwd; sweep_bwd()" """
     import triton.testing
 
     from bench.common import measure_ceiling
     from fusedops.embedding import op as emb_op
     from fusedops.embedding import plan as emb_plan
-    from fusedops.embedding.kernels import embedding_bwd_kernel
+    from fusedops.embedding.kernels import embedding_bwd_kernel, embedding_bwd_merge_kernel
     from fusedops.targets import cuda_target
 
     target = cuda_target(torch.device("cuda"))
@@ -166,13 +167,21 @@ def sweep_bwd(cases=((151936, 4096, 16384), (131072, 4096, 16384), (50257, 1600,
                 block_d = emb_plan._block_d(d, 8, block_d) if block_d else emb_plan.next_pow2(d)
                 plan = emb_plan.Plan(rows, block_d, 0, warps)
                 grid = plan.tiles(v, d) + tokens * -(-d // block_d)
-                for mix in (0, plan.zeros_per_run(v, tokens)):
+                for mix, chunk in [(0, emb_plan.RUN_CHUNK)] + [(plan.zeros_per_run(v, tokens), c) for c in chunks]:
                     gw = torch.empty(v, d, device="cuda", dtype=torch.bfloat16)
-                    opts = dict(SCALE=False, BLOCK_R=rows, BLOCK_D=block_d, EVICT=evict, num_warps=warps,
+                    part = torch.empty(2 * -(-tokens // chunk), d, device="cuda", dtype=torch.float32)
+                    opts = dict(SCALE=False, BLOCK_R=rows, BLOCK_D=block_d, EVICT=evict, CHUNK=chunk, num_warps=warps,
                                 **({"maxnreg": maxnreg} if maxnreg else {}))
-                    runs.append((f"{rows}x{block_d} w{warps} maxnreg={maxnreg} zeros/run={mix}", gw,
-                                 lambda gw=gw, grid=grid, opts=opts, mix=mix: embedding_bwd_kernel[(grid,)](
-                                     g, keys, perm, offsets, gw, v, d, tokens, d, 1, -1, mix, **opts)))
+
+                    def run(gw=gw, grid=grid, opts=opts, mix=mix, part=part, chunk=chunk, block_d=block_d, warps=warps):
+                        embedding_bwd_kernel[(grid,)](g, keys, perm, offsets, gw, part, v, d, tokens, d, 1, -1, mix,
+                                                      **opts)
+                        embedding_bwd_merge_kernel[(-(-tokens // chunk) * -(-d // block_d),)](
+                            part, keys, offsets, gw, v, d, tokens, -1, SCALE=False, BLOCK_D=block_d, CHUNK=chunk,
+                            num_warps=warps)
+
+                    runs.append((f"{rows}x{block_d} w{warps} maxnreg={maxnreg} zeros/run={mix} chunk={chunk}", gw,
+                                 run))
             for name, gw, run in runs:
                 run()
                 same = first is None or torch.equal(first, gw)

@@ -197,7 +197,8 @@ def test_double_backward_is_the_true_derivative(path, padding_idx, scale):
 @pytest.mark.parametrize("path", KERNEL_PATHS)
 def test_backward_every_run_length_up_to_29(path, monkeypatch):
     """Row r is named r + 1 times (shuffled), so the run walk (four tokens, then eight per step) ends at
-    every offset of its first step and of three later ones."""
+    every offset of its first step and of the later ones; on the interpreter's plans runs longer than 16
+    are split into two chunks and merged."""
     monkeypatch.setenv("FUSEDOPS_ASCEND_VECTOR_CORES", FEW_CORES)
     gen = torch.Generator().manual_seed(4)
     V, D = 30, 8
@@ -210,6 +211,28 @@ def test_backward_every_run_length_up_to_29(path, monkeypatch):
         assert_close("grad_weight", got, torch_reference(torch.zeros(V, D), indices, grad_out, None, scale)[1],
                      torch.float32)
         assert not got[29].any()
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+@pytest.mark.parametrize("lengths", [(3, 17, 40, 1, 33, 16, 64), (16, 16, 17, 15, 48, 49, 2), (200,)])
+def test_backward_long_runs_split_into_chunks(path, lengths, monkeypatch):
+    """Runs longer than a chunk (16 tokens on the interpreter's plans) are summed by chunks and merged
+    in chunk order: lengths at and around multiples of the chunk, long runs ending and starting within
+    one chunk-sized block of sorted positions, with padding and scale_grad_by_freq; deterministic."""
+    monkeypatch.setenv("FUSEDOPS_ASCEND_VECTOR_CORES", FEW_CORES)
+    gen = torch.Generator().manual_seed(len(lengths))
+    V, D = len(lengths) + 1, 20
+    indices = torch.cat([torch.full((n,), r) for r, n in enumerate(lengths)])
+    indices = indices[torch.randperm(indices.numel(), generator=gen)]
+    grad_out = torch.randn(indices.numel(), D, generator=gen)
+    with execution_path(path, TILED_BUDGET):
+        assert make_plan(emb_op.target_for(indices.device), V, D, 4, backward=True).run_chunk == 16
+        for pad, scale in [(None, False), (1, True)]:
+            got = torch.ops.fusedops.embedding_backward(grad_out, indices, V, pad, scale)
+            want = torch_reference(torch.zeros(V, D), indices, grad_out, pad, scale)[1]
+            assert_close("grad_weight", got, want, torch.float32)
+            again = torch.ops.fusedops.embedding_backward(grad_out, indices, V, pad, scale)
+            assert torch.equal(got, again)
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -342,8 +365,9 @@ def test_kernels_mask_out_of_range_indices(plan, tiled, request, monkeypatch):
         gw, intact = _guarded((V, D), torch.float32)
         p = make_plan(target, V, D, 4, backward=True, tokens=indices.numel())
         embedding_bwd_kernel[(p.grid,)](
-            grad_out, keys, perm, offsets, gw, V, D, indices.numel(), grad_out.stride(0), grad_out.stride(1), -1,
-            p.zeros_per_run(V, indices.numel()), SCALE=True, BLOCK_R=p.block_rows, BLOCK_D=p.block_d, EVICT=p.evict,
+            grad_out, keys, perm, offsets, gw, torch.empty(1), V, D, indices.numel(), grad_out.stride(0),
+            grad_out.stride(1), -1, p.zeros_per_run(V, indices.numel()), SCALE=True, BLOCK_R=p.block_rows,
+            BLOCK_D=p.block_d, EVICT=p.evict, CHUNK=p.run_chunk,  # runs of at most 2: never split
         )
         assert intact(), "backward wrote outside grad_weight"
         ref = torch_reference(weight, indices[ok], grad_out[ok], None, True)[1]
@@ -374,8 +398,8 @@ def test_backward_item_order_does_not_change_the_bits(plan, request, monkeypatch
         for zeros_per_run in sorted({0, 1, planned}):
             gw = torch.full((V, D), float("nan"))
             embedding_bwd_kernel[(p.grid,)](
-                grad_out, keys, perm, offsets, gw, V, D, indices.numel(), D, 1, pad, zeros_per_run,
-                SCALE=False, BLOCK_R=p.block_rows, BLOCK_D=p.block_d, EVICT=p.evict,
+                grad_out, keys, perm, offsets, gw, torch.empty(1), V, D, indices.numel(), D, 1, pad, zeros_per_run,
+                SCALE=False, BLOCK_R=p.block_rows, BLOCK_D=p.block_d, EVICT=p.evict, CHUNK=p.run_chunk,  # runs <= 3
             )
             results.append(gw)
         ref = torch_reference(torch.randn(V, D), indices, grad_out, pad, False)[1]

@@ -75,35 +75,43 @@ def _add4(acc, g0, g1, g2, g3):
 
 
 @triton.jit
-def _run_item(g_ptr, keys_ptr, perm_ptr, offs_ptr, gw_ptr, item, V, D, N, G_S0, G_S1, PAD,
-              SCALE: tl.constexpr, BLOCK_D: tl.constexpr, EVICT: tl.constexpr):
-    """Run item `item` (sorted position x feature block) of embedding_bwd_kernel: a position that starts
-    the run of an in-range, non-padding index sums the run's gradient rows in fp32, in token order, and
-    stores that row; any other position does nothing."""
+def _run_item(g_ptr, keys_ptr, perm_ptr, offs_ptr, gw_ptr, part_ptr, item, V, D, N, G_S0, G_S1, PAD,
+              SCALE: tl.constexpr, BLOCK_D: tl.constexpr, EVICT: tl.constexpr, CHUNK: tl.constexpr):
+    """Run item `item` (sorted position x feature block) of embedding_bwd_kernel. A position that heads a
+    chunk (every CHUNK-th position of a run, from its start) of an in-range, non-padding index sums the
+    chunk's gradient rows in fp32, in token order. A run of at most CHUNK tokens is one chunk, whose sum
+    is the row: it is stored to grad_weight. A longer run's chunks store their sums to `part`, slot
+    2 * (pos // CHUNK) + (pos is the run's start), for embedding_bwd_merge_kernel: two chunk heads
+    never share a slot (a run longer than CHUNK has no other run's start in its block, and consecutive
+    heads of one run are CHUNK apart). Any other position does nothing."""
     d_blocks = tl.cdiv(D, BLOCK_D)
     pos = item // d_blocks
     d = (item - pos * d_blocks).to(tl.int64) * BLOCK_D + tl.arange(0, BLOCK_D)[None, :]
     d_mask = d < D
     key = tl.load(keys_ptr + pos).to(tl.int64)
-    prev = tl.load(keys_ptr + tl.maximum(pos - 1, 0)).to(tl.int64)
-    starts = ((pos == 0) | (key != prev)) & (key >= 0) & (key < V) & (key != PAD)
-    stop = tl.load(offs_ptr + tl.minimum(tl.maximum(key + 1, 0), V))
-    stop = tl.where(starts, stop, pos)
+    row = tl.minimum(tl.maximum(key, 0), V - 1)  # out-of-range keys (-1) load a harmless row's offsets
+    start = tl.load(offs_ptr + row)
+    run_stop = tl.load(offs_ptr + row + 1)
+    heads = (key >= 0) & (key < V) & (key != PAD) & ((pos - start) % CHUNK == 0)
+    stop = tl.where(heads, tl.minimum(pos + CHUNK, run_stop), pos)
     cols = d * G_S1
     acc = tl.zeros([1, BLOCK_D], dtype=tl.float32)
     # Loads are issued before the adds, which stay in token order: four tokens first (nearly every run
-    # of a uniform batch), then eight per step, so the long runs of frequent tokens (a Zipf batch's
-    # hottest row is named ~2000 times in 16K tokens) keep eight gathers in flight. H100
-    # (bench/NOTES.md, embedding v9): Zipf batches -23..-38%, uniform +2%.
+    # of a uniform batch), then eight per step, so the long chunks of frequent tokens keep eight gathers
+    # in flight. H100 (bench/NOTES.md, embedding v9): Zipf batches -23..-38%, uniform +2%.
     g0, g1, g2, g3 = _four_rows(g_ptr, perm_ptr, pos, stop, N, G_S0, cols, d_mask, EVICT)
     acc = _add4(acc, g0, g1, g2, g3)
     for p0 in range(pos + 4, stop, 8):
         g0, g1, g2, g3 = _four_rows(g_ptr, perm_ptr, p0, stop, N, G_S0, cols, d_mask, EVICT)
         g4, g5, g6, g7 = _four_rows(g_ptr, perm_ptr, p0 + 4, stop, N, G_S0, cols, d_mask, EVICT)
         acc = _add4(_add4(acc, g0, g1, g2, g3), g4, g5, g6, g7)
-    if SCALE:
-        acc = acc / tl.maximum(stop - pos, 1).to(tl.float32)
-    tl.store(gw_ptr + key * D + d, acc.to(gw_ptr.dtype.element_ty), mask=d_mask & starts, eviction_policy=EVICT)
+    split = run_stop - start > CHUNK
+    if SCALE:  # a split run is scaled once its chunks are summed
+        acc = acc / tl.where(split, 1, tl.maximum(run_stop - start, 1)).to(tl.float32)
+    tl.store(gw_ptr + key * D + d, acc.to(gw_ptr.dtype.element_ty), mask=d_mask & heads & ~split,
+             eviction_policy=EVICT)
+    slot = 2 * (pos // CHUNK) + (pos == start).to(tl.int64)
+    tl.store(part_ptr + slot * D + d, acc, mask=d_mask & heads & split)
 
 
 @triton.jit
@@ -125,9 +133,9 @@ def _zero_tile(offs_ptr, gw_ptr, tile, V, D, PAD,
 
 @triton.jit
 def embedding_bwd_kernel(
-    g_ptr, keys_ptr, perm_ptr, offs_ptr, gw_ptr,
+    g_ptr, keys_ptr, perm_ptr, offs_ptr, gw_ptr, part_ptr,
     V, D, N, G_S0, G_S1, PAD, ZEROS_PER_RUN,
-    SCALE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, EVICT: tl.constexpr,
+    SCALE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, EVICT: tl.constexpr, CHUNK: tl.constexpr,
 ):
     """grad_weight[v, d] = s_v * sum over tokens t with idx[t] == v of grad_out[t, d], in token order.
 
@@ -135,9 +143,12 @@ def embedding_bwd_kernel(
     positions in that order; offs[v]: where index v's run starts in it ([V + 1]). One grid-stride loop
     walks two kinds of work item, so grad_weight is written exactly once in one launch, with no memset
     and no atomics (the bits do not depend on scheduling):
-    - run items (N sorted positions x feature blocks): a position that starts the run of an in-range,
-      non-padding index sums the run's gradient rows in fp32, in token order, and stores that row; any
-      other position does nothing;
+    - run items (N sorted positions x feature blocks): a position that heads a chunk of CHUNK tokens of
+      the run of an in-range, non-padding index sums the chunk's gradient rows in fp32, in token order,
+      and stores the row (a run of at most CHUNK tokens) or a partial sum that
+      embedding_bwd_merge_kernel adds up in chunk order (longer runs: a Zipf batch's frequent tokens,
+      which one program would otherwise sum alone while the rest of the grid idles); any other
+      position does nothing;
     - zero items (BLOCK_R rows x BLOCK_D features): zeros go to the rows no token names and to the
       padding row.
     Zero tiles, nearly all of grad_weight, wait on one load of offsets (just written, in L2) and carry
@@ -161,11 +172,38 @@ def embedding_bwd_kernel(
         group = item // period
         slot = item - group * period
         if (item < mixed) & (slot == 0):
-            _run_item(g_ptr, keys_ptr, perm_ptr, offs_ptr, gw_ptr, group, V, D, N, G_S0, G_S1, PAD,
-                      SCALE, BLOCK_D, EVICT)
+            _run_item(g_ptr, keys_ptr, perm_ptr, offs_ptr, gw_ptr, part_ptr, group, V, D, N, G_S0, G_S1, PAD,
+                      SCALE, BLOCK_D, EVICT, CHUNK)
         else:
             tile = tl.where(item < mixed, group * ZEROS_PER_RUN + slot - 1, item - run_items)
             _zero_tile(offs_ptr, gw_ptr, tile, V, D, PAD, BLOCK_R, BLOCK_D, EVICT)
+
+
+@triton.jit
+def embedding_bwd_merge_kernel(part_ptr, keys_ptr, offs_ptr, gw_ptr, V, D, N, PAD,
+                               SCALE: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK: tl.constexpr):
+    """The rows of runs longer than CHUNK: grad_weight[v] = the sum of the run's chunk partial sums in
+    chunk order (divided by the run's length under SCALE), stored once. Item = block k of CHUNK sorted positions x
+    feature block; the item whose position k * CHUNK is the first multiple of CHUNK in a long run
+    merges that run, so each long run is merged by exactly one item."""
+    d_blocks = tl.cdiv(D, BLOCK_D)
+    for item in range(tl.program_id(0), tl.cdiv(N, CHUNK) * d_blocks, tl.num_programs(0)):
+        k = item // d_blocks
+        d = (item - k * d_blocks).to(tl.int64) * BLOCK_D + tl.arange(0, BLOCK_D)[None, :]
+        d_mask = d < D
+        pos = k.to(tl.int64) * CHUNK
+        key = tl.load(keys_ptr + pos).to(tl.int64)
+        row = tl.minimum(tl.maximum(key, 0), V - 1)
+        start = tl.load(offs_ptr + row)
+        stop = tl.load(offs_ptr + row + 1)
+        merges = (key >= 0) & (key < V) & (key != PAD) & (stop - start > CHUNK) & (pos - start < CHUNK)
+        if merges:
+            acc = tl.load(part_ptr + (2 * (start // CHUNK) + 1) * D + d, mask=d_mask, other=0.0)
+            for head in range(start + CHUNK, stop, CHUNK):
+                acc += tl.load(part_ptr + 2 * (head // CHUNK) * D + d, mask=d_mask, other=0.0)
+            if SCALE:
+                acc = acc / (stop - start).to(tl.float32)
+            tl.store(gw_ptr + key * D + d, acc.to(gw_ptr.dtype.element_ty), mask=d_mask)
 
 
 @triton.jit(debug=True)

@@ -14,7 +14,13 @@ from fusedops.targets import Target, target_for
 from fusedops.validation import as_int, check_float
 
 from . import reference
-from .kernels import embedding_bwd_kernel, embedding_fwd_kernel, embedding_run_keys_kernel, embedding_run_offsets_kernel
+from .kernels import (
+    embedding_bwd_kernel,
+    embedding_bwd_merge_kernel,
+    embedding_fwd_kernel,
+    embedding_run_keys_kernel,
+    embedding_run_offsets_kernel,
+)
 from .plan import MAX_LOG_TOKENS, OFFSETS_BLOCK, RUN_BLOCK, make_plan, run_key_dtype
 
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -149,14 +155,24 @@ def _backward(
     keys, perm, offsets = _sorted_runs(indices, num_weights, target)
     grad2d = grad_out.reshape(-1, dim)
     plan = make_plan(target, num_weights, dim, grad_out.element_size(), backward=True, tokens=tokens)
+    chunk = plan.run_chunk
+    # Partial sums of the chunks of runs longer than one chunk (see embedding_bwd_merge_kernel); a batch
+    # of at most one chunk has no such run, and skips the buffer and the merge.
+    split = not isinstance(tokens, int) or tokens > chunk
+    part = grad_out.new_empty((2 * -(-tokens // chunk), dim) if split else (1, 1), dtype=torch.float32)
     launch(
-        embedding_bwd_kernel, (plan.grid,), (grad2d, keys, perm, offsets, grad_weight),
+        embedding_bwd_kernel, (plan.grid,), (grad2d, keys, perm, offsets, grad_weight, part),
         (num_weights, dim, tokens, grad2d.stride(0), grad2d.stride(1), padding_idx,
          plan.zeros_per_run(num_weights, tokens)),
-        dict(SCALE=scale_grad_by_freq, BLOCK_R=plan.block_rows, BLOCK_D=plan.block_d, EVICT=plan.evict,
+        dict(SCALE=scale_grad_by_freq, BLOCK_R=plan.block_rows, BLOCK_D=plan.block_d, EVICT=plan.evict, CHUNK=chunk,
              num_warps=plan.num_warps,
              **({"maxnreg": plan.max_registers} if plan.max_registers else {})),
     )
+    if split:
+        merge_items = -(-tokens // chunk) * -(-dim // plan.block_d)
+        launch(embedding_bwd_merge_kernel, (target.grid_size(merge_items),), (part, keys, offsets, grad_weight),
+               (num_weights, dim, tokens, padding_idx),
+               dict(SCALE=scale_grad_by_freq, BLOCK_D=plan.block_d, CHUNK=chunk, num_warps=plan.num_warps))
     return grad_weight
 
 

@@ -51,6 +51,12 @@ CUDA_BWD_NARROW_EVICT = "evict_first"
 NARROW_KEY_VENDORS = ("cuda",)
 RUN_BLOCK = 1024
 OFFSETS_BLOCK = 256
+# The backward sums a run of equal indices CHUNK tokens per program; longer runs (a Zipf batch's frequent
+# tokens: the most frequent of 64K tokens at V = 32000 is named ~9000 times) are split into chunks whose
+# partial sums a second kernel adds up in a fixed order. The interpreter's plans split after 16 tokens so
+# that tests reach the split at their sizes.
+RUN_CHUNK = 256
+INTERPRETED_RUN_CHUNK = 16
 # The run offsets' binary search covers up to 2**31 - 1 tokens whatever the size (a dynamic-shape graph
 # serves every batch); its steps longer than the batch cost no loads.
 MAX_LOG_TOKENS = 31
@@ -79,6 +85,7 @@ class Plan:
     num_warps: int
     max_registers: Optional[int] = None  # per thread (CUDA's maxnreg), None: the compiler's choice
     evict: str = ""  # backward: L2 eviction policy of its once-touched loads and stores ("": default)
+    run_chunk: int = RUN_CHUNK  # backward: the most tokens of one run a program sums (a power of two)
 
     def tiles(self, rows: int, dim: int) -> int:
         return -(-rows // self.block_rows) * -(-dim // self.block_d)
@@ -136,4 +143,5 @@ def make_plan(target: Target, rows: int, dim: int, elem_size: int, *, backward: 
     if backward:
         tiles += tokens * -(-max(dim, 1) // block_d)
     return Plan(block_rows=block_rows, block_d=block_d, grid=target.grid_size(tiles), num_warps=num_warps,
-                max_registers=max_registers, evict=evict)
+                max_registers=max_registers, evict=evict,
+                run_chunk=INTERPRETED_RUN_CHUNK if target.interpreted else RUN_CHUNK)

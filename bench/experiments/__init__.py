@@ -1,0 +1,1 @@
+"""Experiment-only scripts: each measured one question once; its results are in bench/NOTES.md."""
