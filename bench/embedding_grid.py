@@ -6,8 +6,9 @@ over the table like real token ids).
 python -m bench.embedding_grid [--shapes N] [--seed S] [--dtype bf16] [--out FILE.json]
 
 Times are triton.testing.do_bench medians of eager calls as a user makes them (wall clock: host time
-included where a step is host-bound), all providers timed in one process; peak memory of a fwd+bwd
-step. Prints one row per case and the worst / median ratio per comparison; targets: fwd >= 1x torch,
+included where a step is host-bound), all providers timed in one process; beside them the fwd+bwd step
+replayed from a CUDA graph (no host cost: what a graph-captured training loop sees) and the peak memory
+of a fwd+bwd step. Prints one row per case and the worst / median ratio per comparison; targets: fwd >= 1x torch,
 fwd+bwd >= 1.5x torch, fwd+bwd >= 1x Liger on Zipf and >= 1/1.1 on uniform indices, peak <= torch's.
 """
 
@@ -57,6 +58,20 @@ def providers():
     yield "liger", LigerEmbeddingFunction.apply
 
 
+def captured(step):
+    """step captured in a CUDA graph (warmed up on a side stream first), as its replay."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph.replay
+
+
 def time_case(weight, idx, grad_out) -> dict:
     import triton.testing
 
@@ -75,6 +90,7 @@ def time_case(weight, idx, grad_out) -> dict:
         try:
             out[name, "fwd"] = bench(fwd)
             out[name, "fwd+bwd"] = bench(step)
+            out[name, "graph"] = bench(captured(step))
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             base = torch.cuda.memory_allocated()
@@ -96,7 +112,8 @@ def main(argv=None) -> None:
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     rows = []
     print(f"{'V':>7} {'D':>5} {'tokens':>7} {'dist':>8} | {'fwd ms':>7} {'torch':>7} {'x':>5} | {'f+b ms':>7} "
-          f"{'torch':>7} {'x':>5} | {'liger':>7} {'x':>5} | {'peak MB':>8} {'torch':>8}", flush=True)
+          f"{'torch':>7} {'x':>5} | {'liger':>7} {'x':>5} | {'graph':>7} {'torch':>7} {'x':>5} | {'peak MB':>8} "
+          f"{'torch':>8}", flush=True)
     for v, d, tokens in shapes(args.shapes, args.seed):
         gen = torch.Generator().manual_seed(v * 7 + d * 3 + tokens)
         weight = torch.randn(v, d, generator=gen).to("cuda", dtype).requires_grad_()
@@ -111,6 +128,8 @@ def main(argv=None) -> None:
                   f"{get('torch fwd') / get('fusedops fwd'):5.2f} | {get('fusedops fwd+bwd'):7.4f} "
                   f"{get('torch fwd+bwd'):7.4f} {get('torch fwd+bwd') / get('fusedops fwd+bwd'):5.2f} | "
                   f"{get('liger fwd+bwd'):7.4f} {get('liger fwd+bwd') / get('fusedops fwd+bwd'):5.2f} | "
+                  f"{get('fusedops graph'):7.4f} {get('torch graph'):7.4f} "
+                  f"{get('torch graph') / get('fusedops graph'):5.2f} | "
                   f"{get('fusedops peak_mb'):8.0f} {get('torch peak_mb'):8.0f}", flush=True)
             for k in [k for k in r if k.endswith("error")]:
                 print(f"    {k}: {r[k]}")
@@ -126,6 +145,8 @@ def summarize(rows: list[dict]) -> None:
     checks = [
         ("fwd vs torch", lambda r: r.get("torch fwd", 0) / r["fusedops fwd"], lambda r: True, 1.0),
         ("fwd+bwd vs torch", lambda r: r.get("torch fwd+bwd", 0) / r["fusedops fwd+bwd"], lambda r: True, 1.5),
+        ("fwd+bwd graph vs torch", lambda r: r.get("torch graph", 0) / r.get("fusedops graph", float("inf")),
+         lambda r: True, 1.5),
         ("fwd+bwd vs liger, zipf", lambda r: r.get("liger fwd+bwd", 0) / r["fusedops fwd+bwd"],
          lambda r: r["dist"] != "uniform", 1.0),
         ("fwd+bwd vs liger, uniform", lambda r: r.get("liger fwd+bwd", 0) / r["fusedops fwd+bwd"],
