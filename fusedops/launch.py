@@ -20,6 +20,7 @@ profilers) see every launch: while any is set, launches go through the runner.
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Sequence
 
 import torch
@@ -38,6 +39,9 @@ except ImportError:  # pragma: no cover - torch < 2.6 always traces through wrap
 
 _CACHE: dict[tuple, "_Compiled"] = {}
 _CACHE_LIMIT = 4096
+# Triton's interpreter runs a kernel by patching triton.language's module state for the launch, so two
+# threads launching at once break each other (InterpreterError): CPU launches take turns.
+_INTERPRETER_LOCK = threading.RLock()
 
 
 class _Compiled:
@@ -96,7 +100,15 @@ def launch(kernel, grid: tuple[int, ...], tensors: Sequence[torch.Tensor], scala
 
 def _launch_wrapped(kernel, grid, tensors, scalars, meta) -> None:
     meta = {k: v for k, v in meta.items() if k != "maxnreg"}
-    wrap_triton(kernel)[grid](*tensors, *scalars, **meta)
+    with _interpreter_turn(tensors[0]):
+        wrap_triton(kernel)[grid](*tensors, *scalars, **meta)
+
+
+def _interpreter_turn(t: torch.Tensor) -> contextlib.AbstractContextManager:
+    """The interpreter's lock for a launch on CPU tensors (only Triton's interpreter runs those), so that
+    launches from several threads run one at a time; nothing for device tensors, whose launches never
+    wait (and the direct CUDA path never asks)."""
+    return _INTERPRETER_LOCK if t.device.type == "cpu" else contextlib.nullcontext()
 
 
 def _launch_cuda(kernel, grid, tensors, scalars, meta) -> None:

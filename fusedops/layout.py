@@ -7,6 +7,14 @@ from typing import Sequence
 MAX_BATCH_DIMS = 3
 
 
+def unit_last_stride(t):
+    """t itself when its last dim has stride 1 (or at most one element), else a contiguous copy: the
+    kernels vectorise along the last dim and take every other stride as it is."""
+    if t is None or t.dim() == 0 or t.shape[-1] <= 1 or t.stride(-1) == 1:
+        return t
+    return t.contiguous()
+
+
 def collapse_dims(sizes: Sequence[int], strides: Sequence[int]) -> tuple[list[int], list[int]]:
     """Merge neighbouring dims that one stride can walk (stride[i] == stride[i+1] * size[i+1]) and
     drop size-1 dims. Returns (sizes, strides), outermost first, at least one dim."""

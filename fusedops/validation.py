@@ -5,11 +5,21 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Sequence
 
 import torch
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+FP32 = torch.finfo(torch.float32)  # the kernels' arithmetic: float arguments are cast to it in the kernel
+
+
+def checks_in_wrapper() -> bool:
+    """Whether a public wrapper validates the op's arguments itself: not while torch.compile (or export)
+    traces it. There the registered op's fake kernel runs the same checks, and dynamo reports a ValueError
+    raised in a fake kernel with its message ("Dynamo failed to run FX node with fake tensors: ... got
+    ValueError('...')", the ValueError chained as the cause), where one raised in traced Python code
+    comes out as an "Observed exception" graph break, its message only in the debug context."""
+    return not torch.compiler.is_compiling()
 
 
 def check_float(name: str, t: torch.Tensor) -> None:
@@ -32,20 +42,34 @@ def as_int(name: str, value) -> int:
         raise ValueError(f"{name} must be an int, got {value!r}") from None
 
 
+def check_positive_int(name: str, value) -> int:
+    """value as a Python int (see as_int), which must be positive (a size: a module's dim, heads)."""
+    value = as_int(name, value)
+    if value <= 0:
+        raise ValueError(f"{name} must be positive, got {value}")
+    return value
+
+
 def check_bool(name: str, value) -> bool:
     if not isinstance(value, bool):
         raise ValueError(f"{name} must be a bool, got {value!r}")
     return value
 
 
+def check_tensor(name: str, t, dtype: torch.dtype, shape: Sequence[int], optional: bool = False) -> None:
+    """t is a tensor of exactly this dtype and shape (a backward op's incoming gradient or saved output),
+    or None where optional; its device is check_same_device's business."""
+    if t is None and optional:
+        return
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a tensor, got {type(t).__name__}")
+    if t.dtype != dtype or tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} must be {dtype} of shape {tuple(shape)}, got {t.dtype} of shape {tuple(t.shape)}")
+
+
 def check_min_dim(name: str, t: torch.Tensor, ndim: int) -> None:
     if t.dim() < ndim:
         raise ValueError(f"{name} must have at least {ndim} dims, got shape {tuple(t.shape)}")
-
-
-def check_last_dim_contiguous(name: str, t: torch.Tensor) -> None:
-    if t.dim() > 0 and t.shape[-1] > 1 and t.stride(-1) != 1:
-        raise ValueError(f"{name} must have stride 1 in its last dim, got strides {tuple(t.stride())}")
 
 
 def check_same_device(named: Iterable[tuple[str, Optional[torch.Tensor]]]) -> None:
@@ -63,3 +87,13 @@ def check_positive_finite(name: str, value: float) -> None:
         raise ValueError(f"{name} must be a float, got {type(value).__name__}")
     if not 0 < value < math.inf:  # NaN fails both comparisons
         raise ValueError(f"{name} must be positive and finite, got {value}")
+
+
+def check_fp32_normal(name: str, value: float, high: float = FP32.max) -> None:
+    """check_positive_finite, and value a normal float32 number at most `high`: the kernels compute with
+    it in float32, where a value below FP32.tiny (~1.2e-38) is subnormal or rounds to 0 and one above
+    FP32.max overflows, though both are fine float64 numbers. Symbolic floats compare (and guard) too."""
+    check_positive_finite(name, value)
+    if not FP32.tiny <= value <= high:
+        raise ValueError(f"{name} must be in [{FP32.tiny:.4g}, {high:.4g}] (the kernels compute in float32), "
+                         f"got {value}")

@@ -583,7 +583,6 @@ BAD_INPUTS = {
     "eps_negative": (lambda v, q, w: (v, q, w, -1e-6), "eps"),
     "eps_nan": (lambda v, q, w: (v, q, w, math.nan), "eps"),
     "eps_inf": (lambda v, q, w: (v, q, w, math.inf), "eps"),
-    "last_dim_strided": (lambda v, q, w: (torch.randn(3, 2, 16)[..., ::2], q, w, 1e-6), "values"),
 }
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from fusedops.validation import check_positive_finite
+from fusedops.validation import check_fp32_normal, check_positive_int
 
 from .op import attn_res
 
@@ -22,9 +22,8 @@ class AttnRes(nn.Module):
 
     def __init__(self, dim: int, eps: float = 1e-6, device=None, dtype=None) -> None:
         super().__init__()
-        if dim <= 0:
-            raise ValueError(f"dim must be positive, got {dim}")
-        check_positive_finite("eps", eps)
+        dim = check_positive_int("dim", dim)
+        check_fp32_normal("eps", eps)  # as the op checks it: bad arguments fail here, not at the first call
         factory = {"device": device, "dtype": dtype}
         self.dim = dim
         self.eps = eps

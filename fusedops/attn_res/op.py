@@ -8,15 +8,17 @@ import torch
 from torch import Tensor
 
 from fusedops.launch import launch
-from fusedops.layout import MAX_BATCH_DIMS, batch_walk, collapse_dims
+from fusedops.layout import MAX_BATCH_DIMS, batch_walk, collapse_dims, unit_last_stride
 from fusedops.registry import backward_direct_ok, call_direct, direct_autograd, direct_call_ok, fused_op
 from fusedops.targets import Target, target_for
 from fusedops.validation import (
+    check_bool,
     check_float,
-    check_last_dim_contiguous,
+    check_fp32_normal,
     check_min_dim,
-    check_positive_finite,
     check_same_device,
+    check_tensor,
+    checks_in_wrapper,
 )
 
 from . import reference
@@ -49,18 +51,16 @@ def check_args(values: Tensor, query: Tensor, norm_weight: Optional[Tensor], eps
             f"norm_weight must have shape [D] = [{dim}] to match values, got {tuple(norm_weight.shape)}"
         )
     check_same_device([("values", values), ("query", query), ("norm_weight", norm_weight)])
-    check_positive_finite("eps", eps)
-    check_last_dim_contiguous("values", values)
-    check_last_dim_contiguous("query", query)
-    if norm_weight is not None:
-        check_last_dim_contiguous("norm_weight", norm_weight)
+    check_fp32_normal("eps", eps)
 
 
 def _walkable(values: Tensor) -> Tensor:
-    """values itself when its batch dims merge into the kernels' MAX_BATCH_DIMS strided dims (read in
-    place), else a contiguous copy: a rarer layout costs one copy, not an error."""
+    """values itself when its last dim has stride 1 and its batch dims merge into the kernels'
+    MAX_BATCH_DIMS strided dims (read in place), else a contiguous copy: a rarer layout costs one copy,
+    not an error."""
     sizes, _ = collapse_dims(values.shape[1:-1], values.stride()[1:-1])
-    return values if len(sizes) <= MAX_BATCH_DIMS else values.contiguous()
+    walkable = len(sizes) <= MAX_BATCH_DIMS and unit_last_stride(values) is values
+    return values if walkable else values.contiguous()
 
 
 def _walk(values: Tensor) -> tuple[int, int, int, int, int]:
@@ -88,7 +88,7 @@ def _forward(
     tokens = out.numel() // dim
     if tokens == 0:
         return out, lse
-    values = _walkable(values)
+    values, query, norm_weight = _walkable(values), unit_last_stride(query), unit_last_stride(norm_weight)
     s1, s2, st0, st1, st2 = _walk(values)
     plan = plan or forward_plan(target, tokens, n, dim, values.element_size())
     weight = query if norm_weight is None else norm_weight
@@ -132,7 +132,7 @@ def _backward(
     n, dim = values.shape[0], values.shape[-1]
     tokens = grad_out.numel() // dim
     need_du = need_query or need_norm_weight
-    values = _walkable(values)
+    values, query, norm_weight = _walkable(values), unit_last_stride(query), unit_last_stride(norm_weight)
     grad_values = torch.empty_like(values, memory_format=torch.contiguous_format) if need_values else values.new_empty(0)
     grad_query = torch.empty_like(query) if need_query else query.new_empty(0)
     grad_weight = torch.empty_like(norm_weight) if need_norm_weight else query.new_empty(0)
@@ -243,17 +243,14 @@ def attn_res_with_lse_op(
 
 def check_backward_args(values: Tensor, grad_out: Tensor, out: Optional[Tensor], lse: Optional[Tensor],
                         grad_lse: Optional[Tensor]) -> None:
-    batch = tuple(values.shape[1:-1])
-    if tuple(grad_out.shape) != tuple(values.shape[1:]):
-        raise ValueError(f"grad_out must have shape {tuple(values.shape[1:])}, got {tuple(grad_out.shape)}")
+    """grad_out and out [*batch, D] in values' dtype, lse and grad_lse [*batch] float32, all on values'
+    device (check_args has checked values)."""
     if (out is None) != (lse is None):
         raise ValueError("out and lse come together (both from attn_res_with_lse) or not at all")
-    if out is not None and (tuple(out.shape) != tuple(values.shape[1:]) or out.dtype != values.dtype):
-        raise ValueError(f"out must be {values.dtype} of shape {tuple(values.shape[1:])}, got {out.dtype} "
-                         f"{tuple(out.shape)}")
-    for name, t in (("lse", lse), ("grad_lse", grad_lse)):
-        if t is not None and (tuple(t.shape) != batch or t.dtype != torch.float32):
-            raise ValueError(f"{name} must be float32 of shape {batch}, got {t.dtype} {tuple(t.shape)}")
+    check_tensor("grad_out", grad_out, values.dtype, values.shape[1:])
+    check_tensor("out", out, values.dtype, values.shape[1:], optional=True)
+    check_tensor("lse", lse, torch.float32, values.shape[1:-1], optional=True)
+    check_tensor("grad_lse", grad_lse, torch.float32, values.shape[1:-1], optional=True)
     check_same_device([("values", values), ("grad_out", grad_out), ("out", out), ("lse", lse), ("grad_lse", grad_lse)])
 
 
@@ -357,15 +354,17 @@ def attn_res(
 
     Args:
         values: [N, *batch, D] float32/float16/bfloat16. The N depth sources (embedding output and
-            block outputs); any number of batch dims, zero included. Only the last dim needs stride 1:
-            a slice of a preallocated bank (``bank[:n]``) or permuted batch dims are read in place
-            (any layout whose batch dims merge into three strided dims; others are copied, once in
-            the forward and once in the backward).
+            block outputs); any number of batch dims, zero included. Any layout: a slice of a
+            preallocated bank (``bank[:n]``), permuted or expanded batch dims are read in place
+            where the last dim has stride 1 and the batch dims merge into three strided dims; other
+            layouts are copied, once in the forward and once in the backward.
         query: [D] float32/float16/bfloat16, the learned pseudo-query; its dtype need not be values'
             (e.g. fp32 with bf16 values).
         norm_weight: [D] float32/float16/bfloat16 RMSNorm gain applied to the keys; None means ones.
-        eps: RMSNorm epsilon, positive and finite.
-        return_lse: also return lse [*batch] float32, the logsumexp over depth of the logits
+        eps: RMSNorm epsilon in [~1.2e-38, ~3.4e38]: a normal float32 number (the kernels compute in
+            float32, where a smaller eps is subnormal or 0, and a zero row's rstd = eps ** -0.5, or its
+            square in the backward, overflows).
+        return_lse: a bool; also return lse [*batch] float32, the logsumexp over depth of the logits
             (differentiable).
 
     Returns:
@@ -379,9 +378,12 @@ def attn_res(
     norm_weight; the backward is the op ``fusedops::attn_res_backward`` (deterministic; values are
     read in place where their layout allows, see above). As with any op that saves its output,
     modifying out in place before backward is an error.
-    Raises ValueError naming the argument on bad input.
+    Raises ValueError naming the argument on bad input (under torch.compile, from the op's fake kernel:
+    dynamo reports it with its message).
     """
-    check_args(values, query, norm_weight, eps)
+    check_bool("return_lse", return_lse)
+    if checks_in_wrapper():
+        check_args(values, query, norm_weight, eps)
     if direct_call_ok(values, query, norm_weight):
         out, lse = _Direct.call(values, query, norm_weight, eps)
     else:

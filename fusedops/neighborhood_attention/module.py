@@ -6,6 +6,8 @@ from typing import Sequence, Union
 
 from torch import Tensor, nn
 
+from fusedops.validation import check_bool, check_positive_int
+
 from .op import MAX_HEAD_DIM, MIN_HEAD_DIM, check_window_args, neighborhood_attention
 
 
@@ -16,9 +18,9 @@ class _NeighborhoodAttentionNd(nn.Module):
     `fusedops.neighborhood_attention` over the spatial axes (kernel_size, dilation, stride, is_causal,
     window as there: an int/bool or one per axis), then Linear(dim, dim, bias=proj_bias). Returns
     [B, *spatial, dim] in the Linear layers' dtype (float32, float16 or bfloat16; under autocast, the autocast
-    dtype). The heads are read from the projection in place, without a copy. Bad arguments raise
-    ValueError at construction; an input of the wrong shape, or axes shorter than kernel_size *
-    dilation, at the call.
+    dtype). The heads are read from the projection in place, without a copy. Bad arguments (sizes that are
+    not positive ints, flags that are not bools) raise ValueError naming the argument at construction; an
+    input of the wrong shape, or with window="shifted" axes shorter than kernel_size * dilation, at the call.
     """
 
     spatial_dims = 0
@@ -30,7 +32,10 @@ class _NeighborhoodAttentionNd(nn.Module):
         proj_bias: bool = True, device=None, dtype=None,
     ) -> None:
         super().__init__()
-        if dim <= 0 or num_heads <= 0 or dim % num_heads != 0:
+        dim, num_heads = check_positive_int("dim", dim), check_positive_int("num_heads", num_heads)
+        check_bool("qkv_bias", qkv_bias)
+        check_bool("proj_bias", proj_bias)
+        if dim % num_heads != 0:
             raise ValueError(f"dim ({dim}) must be a positive multiple of num_heads ({num_heads})")
         if not MIN_HEAD_DIM <= dim // num_heads <= MAX_HEAD_DIM:
             raise ValueError(f"dim // num_heads (the head dim, {dim} // {num_heads}) must be in "

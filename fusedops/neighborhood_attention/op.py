@@ -9,15 +9,19 @@ import torch
 from torch import Tensor
 
 from fusedops.launch import launch
+from fusedops.layout import unit_last_stride
 from fusedops.numerics import tf32_allowed
 from fusedops.registry import backward_direct_ok, call_direct, direct_autograd, direct_call_ok, fused_op, memoize
 from fusedops.targets import Target, size_hint, target_for
 from fusedops.validation import (
+    FP32,
     as_int,
+    check_bool,
     check_float,
-    check_last_dim_contiguous,
-    check_positive_finite,
+    check_fp32_normal,
     check_same_device,
+    check_tensor,
+    checks_in_wrapper,
 )
 
 from . import reference
@@ -27,15 +31,23 @@ from .plan import make_plan, tiles_override
 
 WINDOWS = ("shifted", "truncated")
 MIN_HEAD_DIM, MAX_HEAD_DIM = 8, 256
+# The largest scale: the kernels multiply fp32 dot products q.k by it. At most sqrt(fp32 max) (~1.8e19),
+# every logit stays finite while |q.k| stays below that bound too.
+MAX_SCALE = FP32.max ** 0.5
 
 IntOrSeq = Union[int, Sequence[int]]
 BoolOrSeq = Union[bool, Sequence[bool]]
 
 
+def _as_list(value) -> list:
+    """A per-axis argument as a list: a sequence's entries, or the one value (the op broadcasts it)."""
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
 def _per_axis(name: str, value, ndim: int, kind: type) -> list:
     """An int/bool, or one per spatial axis (a 1-element sequence broadcasts). Ints may be any integer
     type (numpy's too, as torch takes them); bools must be bools."""
-    values = list(value) if isinstance(value, (list, tuple)) else [value]
+    values = _as_list(value)
     if len(values) == 1:
         values = values * ndim
     if len(values) != ndim:
@@ -108,16 +120,15 @@ def check_args(
     for name, dim in (("q", head_dim), ("v", v.shape[-1])):
         if not MIN_HEAD_DIM <= dim <= MAX_HEAD_DIM:
             raise ValueError(f"{name}'s head dim must be in [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}], got {dim}")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        check_last_dim_contiguous(name, t)
     ks, dil, st, causal = check_window_args(ndim, kernel_size, dilation, stride, is_causal, window)
     for a in range(ndim):
-        if ks[a] * dil[a] > spatial[a]:
-            raise ValueError(f"kernel_size * dilation must not exceed the axis length: axis {a} has length "
-                             f"{spatial[a]}, kernel_size {ks[a]} x dilation {dil[a]}")
+        # A truncated window is cut at the borders anyway: a group shorter than the kernel only cuts more.
+        if window == "shifted" and ks[a] * dil[a] > spatial[a]:
+            raise ValueError(f"kernel_size * dilation must not exceed the axis length with window='shifted': axis "
+                             f"{a} has length {spatial[a]}, kernel_size {ks[a]} x dilation {dil[a]}")
     if scale is None:
         return ks, dil, st, causal, head_dim ** -0.5  # may be symbolic under torch.compile
-    check_positive_finite("scale", scale)
+    check_fp32_normal("scale", scale, MAX_SCALE)
     return ks, dil, st, causal, scale if isinstance(scale, torch.SymFloat) else float(scale)
 
 
@@ -217,6 +228,7 @@ def _tf32(dtype: torch.dtype) -> bool:
 def _forward(q, k, v, ks, dil, st, causal, scale, window, target: Target) -> tuple[Tensor, Tensor]:
     out = q.new_empty(*q.shape[:-1], v.shape[-1])
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+    q, k, v = unit_last_stride(q), unit_last_stride(k), unit_last_stride(v)
     spec = _forward_spec(q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, tuple(ks),
                          tuple(dil), tuple(st), tuple(causal), scale, window, target, tiles_override(),
                          _tf32(q.dtype))
@@ -278,6 +290,7 @@ def _backward(grad_out, grad_lse, q, k, v, out, lse, ks, dil, st, causal, scale,
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     if q.numel() == 0:
         return dq, dk.zero_(), dv.zero_()
+    q, k, v, grad_out = unit_last_stride(q), unit_last_stride(k), unit_last_stride(v), unit_last_stride(grad_out)
     out = out.contiguous()
     lse = lse.contiguous()
     has_dlse = grad_lse is not None
@@ -326,13 +339,14 @@ def neighborhood_attention_op(
 
 
 def _check_backward(grad_out, grad_lse, q, v, out, lse):
+    """grad_out and out [B, H, *spatial, Dv] in q's dtype, lse and grad_lse [B, H, *spatial] float32, all on
+    q's device (check_args has checked q, k and v)."""
     expect = (*q.shape[:-1], v.shape[-1])
-    for name, t, shape in (("grad_out", grad_out, expect), ("out", out, expect), ("lse", lse, tuple(q.shape[:-1]))):
-        if tuple(t.shape) != tuple(shape):
-            raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
-    if grad_lse is not None and tuple(grad_lse.shape) != tuple(q.shape[:-1]):
-        raise ValueError(f"grad_lse must have shape {tuple(q.shape[:-1])}, got {tuple(grad_lse.shape)}")
-    check_last_dim_contiguous("grad_out", grad_out)
+    check_tensor("grad_out", grad_out, q.dtype, expect)
+    check_tensor("out", out, q.dtype, expect)
+    check_tensor("lse", lse, torch.float32, q.shape[:-1])
+    check_tensor("grad_lse", grad_lse, torch.float32, q.shape[:-1], optional=True)
+    check_same_device([("q", q), ("grad_out", grad_out), ("out", out), ("lse", lse), ("grad_lse", grad_lse)])
 
 
 @fused_op("neighborhood_attention_backward")
@@ -405,31 +419,38 @@ def neighborhood_attention(
 
     Args:
         q: [B, H, *spatial, D]; k: [B, H_kv, *spatial, D]; v: [B, H_kv, *spatial, Dv], float32/float16/
-            bfloat16 (k and v in q's dtype), 1 to 3 spatial axes, H_kv dividing H (GQA/MQA), 8 <= D, Dv <= 256. Only the last
-            dim needs stride 1 (a permuted heads-last view is read in place). float32 products are
+            bfloat16 (k and v in q's dtype), 1 to 3 spatial axes, H_kv dividing H (GQA/MQA), 8 <= D, Dv <= 256. Any layout: a
+            tensor whose last dim has stride 1 is read in place (a permuted heads-last view, an
+            expanded head), others are copied first. float32 products are
             exact unless torch's matmul precision allows TF32 (torch.set_float32_matmul_precision("high")),
             which CUDA kernels then use, as torch's matmuls do; softmax and accumulators are float32.
         kernel_size, dilation, stride, is_causal: an int/bool or one per spatial axis. The neighbourhood
             of a query is the product of its per-axis windows. On an axis of length L: dilation d splits
             it into d interleaved groups (attention stays within i mod d); stride s makes each group of
             s consecutive queries share one window, the one of their leader; is_causal keeps keys at or
-            before the query. kernel_size >= 2, kernel_size * dilation <= L, 1 <= stride <=
-            kernel_size.
-        scale: softmax scale, positive and finite; default D ** -0.5.
+            before the query. kernel_size >= 2, 1 <= stride <= kernel_size, and with window="shifted"
+            kernel_size * dilation <= L.
+        scale: softmax scale in [~1.2e-38, ~1.8e19] (a normal float32 number at most sqrt(float32 max),
+            MAX_SCALE: the kernels compute in float32); default D ** -0.5.
         window: "shifted" (NATTEN: every query sees exactly kernel_size keys per axis, the window
             slides inward at the borders) or "truncated" (Liger: centred window cut at the borders;
-            odd kernel_size, stride 1).
-        return_lse: also return the float32 log-sum-exp [B, H, *spatial] (differentiable).
+            odd kernel_size, stride 1; any kernel_size * dilation, as in Liger: where it exceeds L,
+            queries see the keys of their dilation group that the window reaches).
+        return_lse: a bool; also return the float32 log-sum-exp [B, H, *spatial] (differentiable).
 
     Returns:
         out [B, H, *spatial, Dv] in q's dtype, or (out, lse) with return_lse.
 
-    Raises ValueError naming the argument on bad input.
+    Raises ValueError naming the argument on bad input (under torch.compile, from the op's fake kernel:
+    dynamo reports it with its message).
     """
-    ndim = q.dim() - 3 if isinstance(q, Tensor) else 0
-    if ndim < 1 or ndim > 3:
-        check_args(q, k, v, kernel_size, dilation, stride, is_causal, scale, window)  # raises
-    ks, dil, st, causal, checked_scale = check_args(q, k, v, kernel_size, dilation, stride, is_causal, scale, window)
+    check_bool("return_lse", return_lse)
+    if checks_in_wrapper():
+        ks, dil, st, causal, checked_scale = check_args(q, k, v, kernel_size, dilation, stride, is_causal, scale,
+                                                        window)
+    else:  # compiling: the op's fake kernel checks them (see checks_in_wrapper)
+        ks, dil, st, causal = map(_as_list, (kernel_size, dilation, stride, is_causal))
+        checked_scale = scale
     if direct_call_ok(q, k, v):
         out, lse = _Direct.call(q, k, v, ks, dil, st, causal, checked_scale, window)
     else:
