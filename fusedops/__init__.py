@@ -5,7 +5,7 @@ nn.Module in `fusedops.nn`. On CPU tensors the PyTorch reference runs, or the Tr
 interpreter when FUSEDOPS_INTERPRET=cuda|ascend and TRITON_INTERPRET=1 are set.
 """
 
-from fusedops import nn, npu
+from fusedops import distributed, nn, npu
 from fusedops.attn_res import attn_res
 from fusedops.embedding import embedding
 from fusedops.neighborhood_attention import neighborhood_attention
@@ -15,3 +15,4 @@ __version__ = "0.1.0"
 __all__ = ["attn_res", "embedding", "nn", "op_names", "neighborhood_attention"]
 
 npu.register()
+distributed.register()

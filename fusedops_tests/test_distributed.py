@@ -1,0 +1,252 @@
+"""The ops under DTensor on 2 and 4 gloo ranks (CPU): every sharding rule of fusedops.distributed, forward
+and all gradients, against the single-process result; parallelize_module with torch's tensor-parallel
+styles on the fusedops.nn modules against the same styles on torch's modules. Each test spawns its ranks;
+each rank checks its own results and the test fails if any rank raised."""
+
+from __future__ import annotations
+
+import os
+import traceback
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import fusedops
+
+from .helpers import INTERPRETER
+
+pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch built without torch.distributed")
+
+
+def _spawn(fn, world: int, tmp_path, path: str = "reference") -> None:
+    """Run fn(rank, world) on `world` gloo ranks (file rendezvous in tmp_path) on the given path."""
+    if path != "reference" and not INTERPRETER:
+        pytest.skip("kernel paths need TRITON_INTERPRET=1")
+    errors = mp.get_context("spawn").Manager().list()
+    mp.spawn(_worker, args=(world, fn, str(tmp_path / "rendezvous"), path, errors), nprocs=world, join=True)
+    assert not list(errors), "\n".join(errors)
+
+
+def _worker(rank, world, fn, store, path, errors):
+    if path != "reference":
+        os.environ["FUSEDOPS_INTERPRET"] = path
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        fn(rank, init_device_mesh("cpu", (world,)))
+    except Exception:  # noqa: BLE001 - reported by the parent
+        errors.append(f"rank {rank}:\n{traceback.format_exc()}")
+    finally:
+        dist.destroy_process_group()
+
+
+def _leaves(*tensors):
+    return [t.detach().clone().requires_grad_() for t in tensors]
+
+
+def _check(name, got, want, atol=1e-5):
+    from torch.distributed.tensor import DTensor
+
+    full = got.full_tensor() if isinstance(got, DTensor) else got
+    torch.testing.assert_close(full, want, atol=atol, rtol=1e-5, msg=lambda m: f"{name}: {m}")
+
+
+# ----- attn_res ----------------------------------------------------------------------------------
+
+
+def _attn_res_case(rank, mesh):
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    torch.manual_seed(0)
+    values, query, weight = torch.randn(3, 4, 6, 16), torch.randn(16), torch.randn(16)
+    grad_out, grad_lse = torch.randn(4, 6, 16), torch.randn(4, 6)
+    for with_weight in (True, False):
+        v, q, w = _leaves(values, query, weight)
+        out, lse = fusedops.attn_res(v, q, w if with_weight else None, return_lse=True)
+        torch.autograd.backward((out, lse), (grad_out, grad_lse))
+        for dim in (1, 2):  # each batch dim of values
+            dv = distribute_tensor(values, mesh, [Shard(dim)]).requires_grad_()
+            dq = distribute_tensor(query, mesh, [Replicate()]).requires_grad_()
+            dw = distribute_tensor(weight, mesh, [Replicate()]).requires_grad_()
+            dout, dlse = fusedops.attn_res(dv, dq, dw if with_weight else None, return_lse=True)
+            assert dout.placements == (Shard(dim - 1),) and dlse.placements == (Shard(dim - 1),)
+            _check("out", dout, out.detach())
+            _check("lse", dlse, lse.detach())
+            torch.autograd.backward((dout, dlse), (distribute_tensor(grad_out, mesh, [Shard(dim - 1)]),
+                                                  distribute_tensor(grad_lse, mesh, [Shard(dim - 1)])))
+            _check("grad values", dv.grad, v.grad)
+            _check("grad query", dq.grad, q.grad, atol=1e-4)
+            if with_weight:
+                _check("grad norm_weight", dw.grad, w.grad, atol=1e-4)
+            plain = torch.ops.fusedops.attn_res(dv, dq, dw, 1e-6)  # the out-only op too
+            _check("attn_res op", plain, fusedops.attn_res(values, query, weight))
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("path", ["reference", pytest.param("cuda", marks=pytest.mark.interpreter)])
+def test_attn_res_sharded_on_batch_dims(world, path, tmp_path):
+    if path == "cuda" and world == 4:
+        pytest.skip("one kernel-path world size is enough for CI time")
+    _spawn(_attn_res_case, world, tmp_path, path)
+
+
+# ----- embedding ---------------------------------------------------------------------------------
+
+
+def _embedding_case(rank, mesh):
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    torch.manual_seed(1)
+    weight, indices = torch.randn(12, 8), torch.randint(0, 12, (4, 6))
+    indices[0, :3] = 5  # repeats, and the padding row
+    grad_out = torch.randn(4, 6, 8)
+    for padding_idx, scale in [(None, False), (5, True), (-1, False)]:
+        (w,) = _leaves(weight)
+        out = fusedops.embedding(indices, w, padding_idx, scale)
+        out.backward(grad_out)
+        for weight_pl, index_pl in [(Shard(0), Replicate()), (Shard(1), Replicate()), (Replicate(), Shard(0)),
+                                    (Replicate(), Shard(1))]:
+            dw = distribute_tensor(weight, mesh, [weight_pl]).requires_grad_()
+            di = distribute_tensor(indices, mesh, [index_pl])
+            dout = fusedops.embedding(di, dw, padding_idx, scale)
+            case = f"weight {weight_pl}, indices {index_pl}, padding_idx {padding_idx}, scale {scale}"
+            _check(f"out ({case})", dout, out.detach())
+            dout.backward(_grad_like(dout, grad_out, mesh))
+            _check(f"grad weight ({case})", dw.grad, w.grad)
+
+
+def _grad_like(out, grad, mesh):
+    """grad laid out as out is, a pending sum (row-wise embedding's output) taken as replicated."""
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    return distribute_tensor(grad, mesh, [Replicate() if p.is_partial() else p for p in out.placements])
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("path", ["reference", pytest.param("cuda", marks=pytest.mark.interpreter)])
+def test_embedding_colwise_rowwise_and_token_sharded(world, path, tmp_path):
+    if path == "cuda" and world == 4:
+        pytest.skip("one kernel-path world size is enough for CI time")
+    _spawn(_embedding_case, world, tmp_path, path)
+
+
+# ----- neighborhood attention ----------------------------------------------------------------------
+
+
+def _na_case(rank, mesh):
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    torch.manual_seed(2)
+    world = mesh.size()
+    for spatial, heads in [((10,), (4, 2)), ((5, 6), (world, world))]:
+        q = torch.randn(world, heads[0], *spatial, 16)
+        k, v = (torch.randn(world, heads[1], *spatial, 16) for _ in range(2))
+        grad_out, grad_lse = torch.randn_like(q), torch.randn(q.shape[:-1])
+        kw = dict(kernel_size=3, dilation=1, is_causal=len(spatial) == 1, return_lse=True)
+        lq, lk, lv = _leaves(q, k, v)
+        out, lse = fusedops.neighborhood_attention(lq, lk, lv, **kw)
+        torch.autograd.backward((out, lse), (grad_out, grad_lse))
+        dims = [0] + ([1] if heads[0] % world == 0 and heads[1] % world == 0 else [])
+        for dim in dims:
+            dq, dk, dv = (distribute_tensor(t, mesh, [Shard(dim)]).requires_grad_() for t in (q, k, v))
+            dout, dlse = fusedops.neighborhood_attention(dq, dk, dv, **kw)
+            assert dout.placements == (Shard(dim),), dout.placements
+            _check("out", dout, out.detach())
+            _check("lse", dlse, lse.detach())
+            torch.autograd.backward((dout, dlse), (distribute_tensor(grad_out, mesh, [Shard(dim)]),
+                                                  distribute_tensor(grad_lse, mesh, [Shard(dim)])))
+            for name, got, want in (("dq", dq, lq), ("dk", dk, lk), ("dv", dv, lv)):
+                _check(name, got.grad, want.grad, atol=1e-4)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("path", ["reference", pytest.param("cuda", marks=pytest.mark.interpreter)])
+def test_neighborhood_attention_sharded_on_batch_and_heads(world, path, tmp_path):
+    if path == "cuda" and world == 4:
+        pytest.skip("one kernel-path world size is enough for CI time")
+    _spawn(_na_case, world, tmp_path, path)
+
+
+# ----- parallelize_module ---------------------------------------------------------------------------
+
+
+def _parallel_styles_case(rank, mesh):
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    torch.manual_seed(3)
+    tokens = torch.randint(0, 16, (2, 8))
+    for style in (ColwiseParallel(), RowwiseParallel()):
+        ours, theirs = fusedops.nn.Embedding(16, 8, padding_idx=2), torch.nn.Embedding(16, 8, padding_idx=2)
+        theirs.load_state_dict(ours.state_dict())
+        for module in (ours, theirs):
+            parallelize_module(module, mesh, style)
+        a, b = ours(tokens), theirs(tokens)  # each rank's local output: its shard (colwise) or all (rowwise)
+        _check(f"{type(style).__name__} out", a, b)
+        a.pow(2).sum().backward()
+        b.pow(2).sum().backward()
+        assert ours.weight.grad.placements == theirs.weight.grad.placements
+        _check(f"{type(style).__name__} grad", ours.weight.grad, theirs.weight.grad.full_tensor())
+    # Sequence parallelism for AttnRes: values [N, B, S, D] sharded on S, parameters replicated.
+    mix = fusedops.nn.AttnRes(8)
+    torch.nn.init.normal_(mix.query)
+    values = torch.randn(3, 2, 8, 8)
+    want = mix(values).detach()
+    parallelize_module(mix, mesh, SequenceParallel(sequence_dim=2, use_local_output=False))
+    local = values.chunk(mesh.size(), dim=2)[rank]  # the layer before hands each rank its sequence shard
+    _check("AttnRes under SequenceParallel", mix(local), want)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_parallelize_module_styles_match_torch_modules(world, tmp_path):
+    _spawn(_parallel_styles_case, world, tmp_path)
+
+
+# ----- FSDP2 -----------------------------------------------------------------------------------------
+
+
+class _Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = fusedops.nn.Embedding(32, 16)
+        self.mix = fusedops.nn.AttnRes(16)
+        self.proj = torch.nn.Linear(16, 16)
+
+    def forward(self, tokens):
+        h = self.embed(tokens)
+        return self.mix(torch.stack([h, self.proj(h)])).square().mean()
+
+
+def _fsdp_case(rank, mesh):
+    import warnings
+
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(4)
+    model = _Tiny()
+    torch.nn.init.normal_(model.mix.query)
+    tokens = torch.randint(0, 32, (mesh.size() * 2, 5))
+    model(tokens).backward()
+    want = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    for module in (model.embed, model.mix, model):
+        fully_shard(module, mesh=mesh)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # e.g. "output of embedding is a view" would fail here
+        loss = model(tokens.chunk(mesh.size())[rank])  # data parallel: each rank its half of the batch
+    loss.backward()
+    for name, p in model.named_parameters():
+        # FSDP averages the ranks' gradients; each rank's loss is the mean over its half of the batch.
+        _check(f"FSDP2 grad {name}", p.grad, want[name], atol=1e-5)
+
+
+@pytest.mark.parametrize("world", [2])
+def test_fsdp2_fully_shard_matches_one_process(world, tmp_path):
+    _spawn(_fsdp_case, world, tmp_path)
