@@ -8,11 +8,12 @@ interpreter when FUSEDOPS_INTERPRET=cuda|ascend and TRITON_INTERPRET=1 are set.
 from fusedops import distributed, nn, npu
 from fusedops.attn_res import attn_res
 from fusedops.embedding import embedding
-from fusedops.neighborhood_attention import neighborhood_attention
+from fusedops.neighborhood_attention import context_parallel_neighborhood_attention, neighborhood_attention
 from fusedops.registry import op_names
 
 __version__ = "0.1.0"
-__all__ = ["attn_res", "embedding", "nn", "op_names", "neighborhood_attention"]
+__all__ = ["attn_res", "context_parallel_neighborhood_attention", "embedding", "nn", "op_names",
+           "neighborhood_attention"]
 
 npu.register()
 distributed.register()

@@ -250,3 +250,82 @@ def _fsdp_case(rank, mesh):
 @pytest.mark.parametrize("world", [2])
 def test_fsdp2_fully_shard_matches_one_process(world, tmp_path):
     _spawn(_fsdp_case, world, tmp_path)
+
+
+# ----- context-parallel neighborhood attention ---------------------------------------------------------
+
+# (spatial, sharded axis, kernel, dilation, stride, causal, window, slab lengths): halos of one and of
+# several hops (slabs shorter than the halo), uneven slabs, dilation x stride alignment, causal, both modes.
+CP_CASES = [
+    ((24,), 0, 5, 1, 1, False, "shifted", None),
+    ((24,), 0, 7, 2, 3, False, "shifted", None),
+    ((26,), 0, 9, 1, 4, True, "shifted", None),
+    ((23,), 0, 5, 3, 1, False, "truncated", "uneven"),
+    ((30,), 0, 11, 2, 1, True, "truncated", None),
+    ((12, 6), 0, (5, 3), (1, 2), (2, 1), (False, True), "shifted", None),
+    ((5, 16), 1, 3, (1, 3), 1, False, "shifted", "uneven"),
+    ((8, 4, 5), 0, 3, 1, (2, 1, 1), (True, False, False), "shifted", None),
+]
+
+
+def _cp_case(rank, mesh):
+    world = mesh.size()
+    group = mesh.get_group()
+    for i, (spatial, axis, ks, dil, st, causal, window, uneven) in enumerate(CP_CASES):
+        torch.manual_seed(10 + i)
+        q = torch.randn(2, 4, *spatial, 8)
+        k, v = (torch.randn(2, 2, *spatial, 8) for _ in range(2))
+        grads = torch.randn_like(q), torch.randn(q.shape[:-1])
+        kw = dict(kernel_size=ks, dilation=dil, stride=st, is_causal=causal, window=window)
+        lq, lk, lv = _leaves(q, k, v)
+        out, lse = fusedops.neighborhood_attention(lq, lk, lv, return_lse=True, **kw)
+        torch.autograd.backward((out, lse), grads)
+        n = spatial[axis]
+        if uneven:  # rank r holds more rows than rank r + 1
+            lengths = [n // world + (1 if r < n % world else 0) for r in range(world)]
+            lengths[0], lengths[-1] = lengths[0] + lengths[-1] - 1, 1
+        else:
+            lengths = [len(c) for c in torch.arange(n).tensor_split(world)]
+        dim = 2 + axis
+        pieces = [t.split(lengths, dim)[rank] for t in (q, k, v, *grads, out.detach(), lse.detach())]
+        sq, sk, sv = _leaves(*pieces[:3])
+        got, got_lse = fusedops.context_parallel_neighborhood_attention(
+            sq, sk, sv, **kw, axis=axis, group=group, lengths=lengths, return_lse=True)
+        case = f"case {i} {CP_CASES[i]}"
+        _check(f"out ({case})", got, pieces[5])
+        _check(f"lse ({case})", got_lse, pieces[6])
+        torch.autograd.backward((got, got_lse), pieces[3:5])
+        for name, leaf, full in (("dq", sq, lq), ("dk", sk, lk), ("dv", sv, lv)):
+            _check(f"{name} ({case})", leaf.grad, full.grad.split(lengths, dim)[rank], atol=1e-4)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("path", ["reference", pytest.param("cuda", marks=pytest.mark.interpreter)])
+def test_context_parallel_neighborhood_attention(world, path, tmp_path):
+    if path == "cuda" and world == 4:
+        pytest.skip("one kernel-path world size is enough for CI time")
+    _spawn(_cp_case, world, tmp_path, path)
+
+
+def _cp_dtensor_case(rank, mesh):
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    torch.manual_seed(20)
+    q, k, v = (torch.randn(1, 2, 9, 7, 8) for _ in range(3))  # 9 rows over 2 or 4 ranks: uneven slabs
+    grad_out = torch.randn_like(q)
+    kw = dict(kernel_size=(3, 5), dilation=(2, 1), stride=(1, 2))
+    lq, lk, lv = _leaves(q, k, v)
+    out = fusedops.neighborhood_attention(lq, lk, lv, **kw)
+    out.backward(grad_out)
+    dq, dk, dv = (distribute_tensor(t, mesh, [Shard(2)]).requires_grad_() for t in (q, k, v))
+    dout = fusedops.neighborhood_attention(dq, dk, dv, **kw)
+    assert dout.placements == (Shard(2),)
+    _check("DTensor context-parallel out", dout, out.detach())
+    dout.backward(distribute_tensor(grad_out, mesh, [Shard(2)]))
+    for name, got, want in (("dq", dq, lq), ("dk", dk, lk), ("dv", dv, lv)):
+        _check(f"DTensor context-parallel {name}", got.grad, want.grad, atol=1e-4)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_context_parallel_through_dtensor(world, tmp_path):
+    _spawn(_cp_dtensor_case, world, tmp_path)

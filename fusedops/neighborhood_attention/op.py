@@ -441,6 +441,8 @@ def neighborhood_attention(
     Returns:
         out [B, H, *spatial, Dv] in q's dtype, or (out, lse) with return_lse.
 
+    DTensor inputs run under the DTensor sharding rules (batch or heads sharded); sharded on a spatial
+    axis, they run context-parallel (`context_parallel_neighborhood_attention`: halo exchange).
     Raises ValueError naming the argument on bad input (under torch.compile, from the op's fake kernel:
     dynamo reports it with its message).
     """
@@ -451,6 +453,12 @@ def neighborhood_attention(
     else:  # compiling: the op's fake kernel checks them (see checks_in_wrapper)
         ks, dil, st, causal = map(_as_list, (kernel_size, dilation, stride, is_causal))
         checked_scale = scale
+    if type(q) is not Tensor:
+        from . import context_parallel
+
+        if context_parallel.spatially_sharded(q):  # a DTensor sharded on a spatial axis
+            return context_parallel.dtensor_neighborhood_attention(q, k, v, ks, dil, st, causal, scale, window,
+                                                                   return_lse)
     if direct_call_ok(q, k, v):
         out, lse = _Direct.call(q, k, v, ks, dil, st, causal, checked_scale, window)
     else:

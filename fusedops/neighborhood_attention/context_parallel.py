@@ -1,0 +1,177 @@
+"""Context-parallel neighborhood attention: q, k, v sharded along one spatial axis over a process group.
+
+Each rank holds a contiguous slab of the axis (rank order = slab order). A query's window reaches at most
+a few kernel lengths (times the dilation) along the axis, so each rank needs only the halo of positions
+around its slab that its windows reach: it receives those rows of q, k and v from the ranks that own
+them (point-to-point, torch.distributed, as many hops as the halo spans), runs the single-device op on
+the extended slab, and keeps its own queries' rows. The extended slab starts where the global axis does
+or far enough out that no window of a local query is cut or shifted by its edge, and at a multiple of
+dilation x stride so that stride groups (GNA) line up with the global ones: every local result equals
+the single-device op's. The backward sends the halo rows' gradients back to their owners, which add them.
+
+Not yet: overlapping the exchange with the interior's compute, and computing only the local queries (the
+halo's query rows are computed and dropped; the waste is halo / slab).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from .op import check_window_args, neighborhood_attention
+
+
+def axis_halo(kernel: int, dilation: int, stride: int, causal: bool, window: str) -> tuple[int, int]:
+    """(left, right) positions beyond a slab that the windows of its queries may need on one axis. In
+    within-group steps: a shifted window's leader lies up to stride - 1 before (its group's start) or
+    stride // 2 after its query, the window k // 2 around the leader and clamped inward at the ends;
+    causal leaders up to stride - 1 after the query; truncated windows k // 2 around the query."""
+    if window == "truncated":
+        steps = (kernel - 1, 0) if causal else (kernel // 2, kernel // 2)
+    elif causal:
+        steps = (kernel - 1, stride - 1)
+    else:
+        steps = (kernel - 1 + stride // 2, kernel - 1 + stride // 2)
+    return steps[0] * dilation, steps[1] * dilation
+
+
+def slab_ranges(lengths: Sequence[int], halo: tuple[int, int], align: int, min_length: int
+                ) -> list[tuple[int, int, int, int]]:
+    """Per rank (start, end, lo, hi): its slab [start, end) of the axis and the extended range [lo, hi)
+    its windows need, lo rounded down to a multiple of `align`, at least min_length long (the op needs
+    kernel_size x dilation positions; a wider range than the windows need changes no result)."""
+    total, start, out = sum(lengths), 0, []
+    for n in lengths:
+        lo, hi = max(0, start - halo[0]), min(total, start + n + halo[1])
+        if hi - lo < min_length:
+            lo = max(0, hi - min_length)
+        lo = lo // align * align
+        out.append((start, start + n, lo, max(hi, min(total, lo + min_length))))
+        start += n
+    return out
+
+
+class _Halo(torch.autograd.Function):
+    """x (this rank's slab) -> the extended slab [lo, hi) along `dim`, rows from the ranks that own them;
+    backward: the halo rows' gradients go back to their owners and are added there."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, dim: int, rank: int, ranges: list, group) -> Tensor:
+        ctx.dim, ctx.rank, ctx.ranges, ctx.group = dim, rank, ranges, group
+        start, end, lo, hi = ranges[rank]
+        shape = list(x.shape)
+        shape[dim] = hi - lo
+        ext = x.new_empty(shape)
+        ext.narrow(dim, start - lo, end - start).copy_(x)
+        _exchange(x, ext, dim, rank, ranges, group, backward=False)
+        return ext
+
+    @staticmethod
+    def backward(ctx, grad_ext: Tensor):
+        start, end, lo, _ = ctx.ranges[ctx.rank]
+        grad = grad_ext.narrow(ctx.dim, start - lo, end - start).clone(memory_format=torch.contiguous_format)
+        _exchange(grad, grad_ext.contiguous(), ctx.dim, ctx.rank, ctx.ranges, ctx.group, backward=True)
+        return grad, None, None, None, None
+
+
+def _exchange(local: Tensor, ext: Tensor, dim: int, rank: int, ranges: list, group, backward: bool) -> None:
+    """Forward: receive into ext the rows of [lo, hi) other ranks own and send them the rows of this slab
+    their ranges need. Backward: the reverse, adding what comes back into local."""
+    start, end, lo, hi = ranges[rank]
+    ops, landed = [], []
+    for peer, (p_start, p_end, p_lo, p_hi) in enumerate(ranges):
+        if peer == rank:
+            continue
+        peer_rank = dist.get_global_rank(group, peer) if group is not None else peer
+        mine = (max(start, p_lo), min(end, p_hi))  # rows of this slab in the peer's range
+        theirs = (max(p_start, lo), min(p_end, hi))  # rows of the peer's slab in this range
+        outgoing, incoming = (theirs, mine) if backward else (mine, theirs)
+        source, base_out = (ext, lo) if backward else (local, start)
+        if outgoing[1] > outgoing[0]:
+            rows = source.narrow(dim, outgoing[0] - base_out, outgoing[1] - outgoing[0]).contiguous()
+            ops.append(dist.P2POp(dist.isend, rows, peer_rank, group))
+        if incoming[1] > incoming[0]:
+            shape = list(local.shape)
+            shape[dim] = incoming[1] - incoming[0]
+            buf = local.new_empty(shape)
+            ops.append(dist.P2POp(dist.irecv, buf, peer_rank, group))
+            landed.append((buf, incoming[0]))
+    if ops:
+        for request in dist.batch_isend_irecv(ops):
+            request.wait()
+    for buf, first in landed:
+        if backward:
+            local.narrow(dim, first - start, buf.shape[dim]).add_(buf)
+        else:
+            ext.narrow(dim, first - lo, buf.shape[dim]).copy_(buf)
+
+
+def context_parallel_neighborhood_attention(
+    q: Tensor, k: Tensor, v: Tensor, kernel_size, dilation=1, stride=1, is_causal=False,
+    scale: Optional[float] = None, window: str = "shifted", *, axis: int = 0, group=None,
+    lengths: Optional[Sequence[int]] = None, return_lse: bool = False,
+):
+    """`fusedops.neighborhood_attention` on q, k, v sharded along spatial axis `axis` over `group` (default:
+    the default process group), each rank holding its contiguous slab [B, H, *spatial_local, D] in rank
+    order. lengths: every rank's slab length on that axis (default: all equal to this rank's). Returns
+    this rank's rows of out (and lse), equal to the single-device op's on the whole axis; differentiable
+    in q, k, v. Every rank must call it (it exchanges halos point-to-point); no host synchronisation."""
+    ndim = q.dim() - 3
+    if not 0 <= axis < ndim:
+        raise ValueError(f"axis must name a spatial axis in [0, {ndim}), got {axis}")
+    world = dist.get_world_size(group)
+    rank = dist.get_rank(group)
+    lengths = [q.shape[2 + axis]] * world if lengths is None else [int(n) for n in lengths]
+    if len(lengths) != world or lengths[rank] != q.shape[2 + axis]:
+        raise ValueError(f"lengths must hold one slab length per rank ({world}) with this rank's ({rank}) "
+                         f"equal to q's axis {axis} ({q.shape[2 + axis]}), got {lengths}")
+    ks, dil, st, causal = check_window_args(ndim, kernel_size, dilation, stride, is_causal, window)
+    halo = axis_halo(ks[axis], dil[axis], st[axis], causal[axis], window)
+    ranges = slab_ranges(lengths, halo, dil[axis] * st[axis], ks[axis] * dil[axis])
+    dim = 2 + axis
+    q_ext, k_ext, v_ext = (_Halo.apply(t, dim, rank, ranges, group) for t in (q, k, v))
+    out, lse = neighborhood_attention(q_ext, k_ext, v_ext, ks, dil, st, causal, scale, window, return_lse=True)
+    start, end, lo, _ = ranges[rank]
+    out, lse = out.narrow(dim, start - lo, end - start), lse.narrow(dim, start - lo, end - start)
+    return (out, lse) if return_lse else out
+
+
+def spatially_sharded(q) -> bool:
+    """Whether q is a DTensor with a spatial axis sharded (the wrapper then runs context parallelism)."""
+    placements = getattr(q, "placements", None)
+    return placements is not None and any(p.is_shard() and 2 <= p.dim < q.dim() - 1 for p in placements)
+
+
+def dtensor_neighborhood_attention(q, k, v, kernel_size, dilation, stride, is_causal, scale, window, return_lse):
+    """The DTensor form: q, k, v sharded alike on one spatial axis over one mesh dim (other mesh dims
+    replicated), slabs as DTensor's Shard lays them out; out (and lse) come back sharded the same way."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    mesh, placements = q.device_mesh, tuple(q.placements)
+    if tuple(k.placements) != placements or tuple(v.placements) != placements:
+        raise ValueError(f"k and v must be sharded as q is ({placements}), got {k.placements} and {v.placements}")
+    sharded = [(i, p) for i, p in enumerate(placements) if not p.is_replicate()]
+    if len(sharded) != 1 or not (sharded[0][1].is_shard() and 2 <= sharded[0][1].dim < q.dim() - 1):
+        raise ValueError(f"q must be sharded on one spatial axis over one mesh dim, the others replicated; got "
+                         f"placements {placements}")
+    mesh_dim, shard = sharded[0]
+    world, n = mesh.size(mesh_dim), q.shape[shard.dim]
+    lengths = [Shard.local_shard_size_and_offset(n, world, r)[0] for r in range(world)]
+    out, lse = context_parallel_neighborhood_attention(
+        q.to_local(), k.to_local(), v.to_local(), kernel_size, dilation, stride, is_causal, scale, window,
+        axis=shard.dim - 2, group=mesh.get_group(mesh_dim), lengths=lengths, return_lse=True)
+    out = DTensor.from_local(out, mesh, placements, run_check=False, **_global((*q.shape[:-1], v.shape[-1])))
+    lse = DTensor.from_local(lse, mesh, placements, run_check=False, **_global(tuple(q.shape[:-1])))
+    return (out, lse) if return_lse else out
+
+
+def _global(shape: tuple) -> dict:
+    """from_local's global shape and (contiguous) stride: uneven slabs cannot be inferred from one rank's."""
+    stride, step = [], 1
+    for size in reversed(shape):
+        stride.append(step)
+        step *= size
+    return dict(shape=torch.Size(shape), stride=tuple(reversed(stride)))
