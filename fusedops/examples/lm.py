@@ -2,6 +2,7 @@
 
     python -m fusedops.examples.lm                 # CPU by default (the GPU when there is one)
     python -m fusedops.examples.lm --steps 50 --out /tmp/lm
+    torchrun --nproc-per-node 4 -m fusedops.examples.lm --tp 2   # FSDP2 x tensor parallel, 2 x 2 ranks
 
 The model:
 - `fusedops.nn.Embedding` for the tokens; the output head is tied to it.
@@ -18,6 +19,13 @@ The model:
 The data is generated: a fixed random "language" in which the next token is, with probability
 `1 - noise`, a function of the two tokens before it, else uniform noise. The loss falls from
 ln(vocab) towards the noise floor; the floor is printed.
+
+Under torchrun (more than one rank: NCCL on GPUs, gloo on CPUs) it trains data-parallel with FSDP2
+(`fully_shard`) over `world / tp` ranks and, with `--tp N`, tensor-parallel over N ranks: attention heads
+and the MLP's hidden units split Megatron-style (ColwiseParallel / RowwiseParallel from
+torch.distributed.tensor.parallel), each rank running the fusedops ops on its own heads. Each data-parallel
+rank takes its slice of one global batch, so the losses are the single-process run's. Distributed runs
+train eagerly and skip the export.
 
 After training, the model is exported with torch.export, saved and loaded back
 (torch.export.save/load), and the loaded program's logits are checked against the eager model's. With
@@ -135,7 +143,11 @@ class SlidingWindowAttention(nn.Module):
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         b, t, _ = x.shape
         # [B, T, 3, H, Dh] -> three [B, H, T, Dh] views (heads-last memory, last dim contiguous)
-        q, k, v = self.qkv(x).view(b, t, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        # The projection's rows are grouped by head (q, k, v of head 0, then of head 1, ...), so a row-wise
+        # split of qkv over tensor-parallel ranks hands each rank whole heads; it then has fewer of them.
+        qkv = self.qkv(x)
+        heads = qkv.shape[-1] // (3 * self.head_dim)
+        q, k, v = qkv.view(b, t, heads, 3, self.head_dim).permute(3, 0, 2, 1, 4).unbind(0)
         q, k = rotary(q, cos, sin), rotary(k, cos, sin)
         out = fusedops.neighborhood_attention(q, k, v, self.window, is_causal=True)
         return self.proj(out.transpose(1, 2).reshape(b, t, -1))
@@ -242,7 +254,9 @@ def train(
     backend: str = "inductor",
     log_every: int = 10,
     log=print,
+    shard: Optional[tuple[int, int]] = None,
 ) -> list[float]:
+    """shard: (data-parallel rank, data-parallel size) in a distributed run, else None."""
     cfg = model.cfg
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.95))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20))
@@ -254,16 +268,65 @@ def train(
     with graph_context(device):
         for step in range(steps):
             x, y = data.batch(cfg.batch, cfg.seq)
+            if shard is not None:  # data parallel: this rank's slice of the global batch
+                x, y = x.chunk(shard[1])[shard[0]], y.chunk(shard[1])[shard[0]]
             loss = loss_fn(x.to(device), y.to(device))
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            if shard is None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            else:
+                _clip_sharded(model.parameters(), 1.0)
             opt.step()
             sched.step()
-            losses.append(loss.item())
+            losses.append(_mean_over_ranks(loss.detach(), shard) if shard is not None else loss.item())
             if log and (step % log_every == 0 or step == steps - 1):
                 log(f"step {step:4d}  loss {losses[-1]:.4f}  ({time.perf_counter() - t0:.1f} s)")
     return losses
+
+
+def _clip_sharded(params, max_norm: float) -> None:
+    """clip_grad_norm_ for gradients that live on different meshes (FSDP's and FSDP x TP's), which
+    torch's own cannot stack: each gradient's global norm, then one scale for all."""
+    grads = [p.grad for p in params if p.grad is not None]
+    norms = [g.norm() for g in grads]
+    total = torch.stack([n.full_tensor() if hasattr(n, "full_tensor") else n for n in norms]).norm().item()
+    scale = min(1.0, max_norm / (total + 1e-6))
+    for g in grads:
+        g.mul_(scale)
+
+
+def _mean_over_ranks(loss: Tensor, shard: tuple[int, int]) -> float:
+    """The global batch's loss: the mean of the data-parallel ranks' (equal slices)."""
+    import torch.distributed as dist
+
+    total = loss.clone()
+    dist.all_reduce(total)
+    return total.item() / dist.get_world_size()  # tensor-parallel ranks hold equal copies
+
+
+def parallelize(model: AttnResLM, tp: int, device: torch.device) -> tuple[int, int]:
+    """Tensor parallel over `tp` ranks, then FSDP2 over the rest (a [dp, tp] mesh of the whole world).
+    Returns (data-parallel rank, data-parallel size)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    world = dist.get_world_size()
+    if world % tp or model.cfg.heads % tp or (model.cfg.mlp_ratio * model.cfg.dim) % tp:
+        raise ValueError(f"--tp {tp} must divide the world size ({world}), the heads ({model.cfg.heads}) and "
+                         f"the MLP width ({model.cfg.mlp_ratio * model.cfg.dim})")
+    mesh = init_device_mesh(device.type, (world // tp, tp), mesh_dim_names=("dp", "tp"))
+    if tp > 1:
+        for sub in model.sublayers:
+            plan = ({"qkv": ColwiseParallel(), "proj": RowwiseParallel()} if sub.kind == "attn"
+                    else {"up": ColwiseParallel(), "down": RowwiseParallel()})
+            parallelize_module(sub.body, mesh["tp"], plan)
+    for sub in model.sublayers:
+        fully_shard(sub, mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    return mesh["dp"].get_local_rank(), mesh["dp"].size()
 
 
 def export_and_reload(model: nn.Module, example: Tensor, path: str):
@@ -323,7 +386,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--backend", default="inductor", help="torch.compile backend (inductor, aot_eager, ...)")
     p.add_argument("--out", default="lm_example_out", help="directory for the loss curve and exported model")
     p.add_argument("--aoti", action="store_true", help="also package the model with AOTInductor and check it")
+    p.add_argument("--tp", type=int, default=1, help="under torchrun: tensor-parallel ranks (the rest: FSDP2)")
     args = p.parse_args(argv)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return distributed_main(args, Config(**{k: getattr(args, k) for k in asdict(d)}))
     cfg = Config(**{k: getattr(args, k) for k in asdict(d)})
     if not 2 <= cfg.period <= cfg.window:
         p.error(f"--period {cfg.period} must be in [2, window={cfg.window}]: the copy must fall inside the window")
@@ -377,6 +443,34 @@ def main(argv: Optional[list[str]] = None) -> int:
     for f in failures:
         print(f"FAILED: {f}", file=sys.stderr)
     return 1 if failures else 0
+
+
+def distributed_main(args, cfg: Config) -> int:
+    """One rank of a torchrun launch: FSDP2 (and tensor parallel with --tp) training, rank 0 logging."""
+    import torch.distributed as dist
+
+    cuda = torch.cuda.is_available() and args.device != "cpu"
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if cuda else "gloo")
+    try:
+        torch.manual_seed(cfg.seed)  # every rank builds the same model and draws the same global batches
+        model = AttnResLM(cfg).to(device)
+        shard = parallelize(model, args.tp, device)
+        rank0 = dist.get_rank() == 0
+        if rank0:
+            print(f"AttnResLM on {dist.get_world_size()} ranks ({device.type}): FSDP2 over {shard[1]}, tensor "
+                  f"parallel over {args.tp}; training eagerly")
+        data = SyntheticText(cfg.vocab, cfg.period, cfg.noise, cfg.seed)
+        losses = train(model, data, cfg.steps, device, compile=False, log=print if rank0 else None, shard=shard)
+        k = max(1, min(10, len(losses) // 5))
+        first, last = sum(losses[:k]) / k, sum(losses[-k:]) / k
+        if rank0:
+            print(f"loss {first:.3f} -> {last:.3f} (mean of the first and last {k} steps)")
+        return 0 if cfg.steps < 20 or last < first else 1
+    finally:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
