@@ -20,23 +20,28 @@ from .helpers import INTERPRETER
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch built without torch.distributed")
 
 
-def _spawn(fn, world: int, tmp_path, path: str = "reference") -> None:
-    """Run fn(rank, world) on `world` gloo ranks (file rendezvous in tmp_path) on the given path."""
+def _spawn(fn, world: int, tmp_path, path: str = "reference", device: str = "cpu") -> None:
+    """Run fn(rank, mesh) on `world` ranks (file rendezvous in tmp_path): gloo on CPU tensors on the given
+    path, or NCCL with one GPU per rank (device "cuda", where new tensors land by default)."""
     if path != "reference" and not INTERPRETER:
         pytest.skip("kernel paths need TRITON_INTERPRET=1")
     errors = mp.get_context("spawn").Manager().list()
-    mp.spawn(_worker, args=(world, fn, str(tmp_path / "rendezvous"), path, errors), nprocs=world, join=True)
+    mp.spawn(_worker, args=(world, fn, str(tmp_path / "rendezvous"), path, device, errors), nprocs=world, join=True)
     assert not list(errors), "\n".join(errors)
 
 
-def _worker(rank, world, fn, store, path, errors):
+def _worker(rank, world, fn, store, path, device, errors):
     if path != "reference":
         os.environ["FUSEDOPS_INTERPRET"] = path
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+        torch.set_default_device("cuda")
+    backend = "nccl" if device == "cuda" else "gloo"
+    dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world)
     try:
         from torch.distributed.device_mesh import init_device_mesh
 
-        fn(rank, init_device_mesh("cpu", (world,)))
+        fn(rank, init_device_mesh(device, (world,)))
     except Exception:  # noqa: BLE001 - reported by the parent
         errors.append(f"rank {rank}:\n{traceback.format_exc()}")
     finally:
@@ -370,3 +375,18 @@ def test_example_lm_runs_under_torchrun(tmp_path):
     done = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     assert "tensor parallel over 2" in done.stdout and "loss" in done.stdout
+
+
+# ----- the same on GPUs, NCCL -----------------------------------------------------------------------
+
+
+GPU_CASES = [_attn_res_case, _embedding_case, _na_case, _cp_case, _cp_dtensor_case, _parallel_styles_case, _fsdp_case]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda f: f.__name__.strip("_"))
+def test_rules_on_gpus_with_nccl(world, case, tmp_path):
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} CUDA devices")
+    _spawn(case, world, tmp_path, device="cuda")

@@ -1,0 +1,119 @@
+"""Multi-GPU benchmark (issue #33): context-parallel neighborhood attention and the ops under DTensor
+sharding, against one GPU running the whole problem, in one torchrun launch:
+
+    torchrun --standalone --nproc-per-node 4 -m bench.distributed
+
+Every rank times its part with triton.testing.do_bench (medians; a barrier before each timed region, so
+the slowest rank sets the pace); rank 0 also times the single-GPU op on the full problem first. Prints
+per case: one GPU, all ranks, speed-up and scaling efficiency (speed-up / ranks), bf16.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def timed(fn) -> float:
+    import triton.testing
+
+    def step():
+        fn()
+
+    dist.barrier()
+    ms = triton.testing.do_bench(step, warmup=5, rep=40, return_mode="median")
+    worst = torch.tensor([ms], device="cuda")
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    return worst.item()
+
+
+def na_cases():
+    # (name, q shape, kernel_size, dilation, axis)
+    yield "NA 1D 131072 tokens, window 2048, H8 D128", (1, 8, 131072, 128), 2048, 1, 0
+    yield "NA 2D 256x256, window 80x80, H24 D128", (1, 24, 256, 256, 128), (80, 80), 1, 0
+
+
+def run_na(rank, world, rows):
+    import fusedops
+
+    for name, shape, ks, dil, axis in na_cases():
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        grad = torch.randn_like(q)
+        times = {}
+        if rank == 0:
+            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+            times["one fwd"] = _single(lambda: fusedops.neighborhood_attention(*leaves, ks, dil))
+            times["one fwd+bwd"] = _single(
+                lambda: torch.autograd.grad(fusedops.neighborhood_attention(*leaves, ks, dil), leaves, grad))
+        dim = 2 + axis
+        local = [t.tensor_split(world, dim)[rank].contiguous().requires_grad_() for t in (q, k, v, grad)]
+        lengths = [s.shape[dim] for s in q.tensor_split(world, dim)]
+
+        def fwd():
+            return fusedops.context_parallel_neighborhood_attention(*local[:3], ks, dil, axis=axis, lengths=lengths)
+
+        times["cp fwd"] = timed(fwd)
+        times["cp fwd+bwd"] = timed(lambda: torch.autograd.grad(fwd(), local[:3], local[3]))
+        rows.append((name, times))
+        del q, k, v, grad, local
+        torch.cuda.empty_cache()
+
+
+def _single(fn) -> float:
+    import triton.testing
+
+    return triton.testing.do_bench(fn, warmup=5, rep=40, return_mode="median")
+
+
+def run_attn_res(rank, world, rows):
+    """attn_res sequence-sharded (each rank 1/world of the tokens) against the whole batch on one GPU."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    import fusedops
+
+    mesh = init_device_mesh("cuda", (world,))
+    n, b, s, d = 9, 2, 16384, 7168
+    torch.manual_seed(0)
+    values = torch.randn(n, b, s, d, device="cuda", dtype=torch.bfloat16)
+    query, weight = torch.randn(d, device="cuda"), torch.ones(d, device="cuda")
+    times = {}
+    if rank == 0:
+        leaves = [t.clone().requires_grad_() for t in (values, query, weight)]
+        g = torch.randn(b, s, d, device="cuda", dtype=torch.bfloat16)
+        times["one fwd"] = _single(lambda: fusedops.attn_res(*leaves))
+        times["one fwd+bwd"] = _single(lambda: torch.autograd.grad(fusedops.attn_res(*leaves), leaves, g))
+    dv = distribute_tensor(values, mesh, [Shard(2)]).requires_grad_()
+    dq = distribute_tensor(query, mesh, [Replicate()]).requires_grad_()
+    dw = distribute_tensor(weight, mesh, [Replicate()]).requires_grad_()
+    dg = distribute_tensor(torch.randn(b, s, d, device="cuda", dtype=torch.bfloat16), mesh, [Shard(1)])
+    times["cp fwd"] = timed(lambda: fusedops.attn_res(dv, dq, dw))
+    times["cp fwd+bwd"] = timed(lambda: torch.autograd.grad(fusedops.attn_res(dv, dq, dw), [dv, dq, dw], dg))
+    rows.append((f"attn_res N={n} {b}x{s} tokens D={d}, sequence-sharded", times))
+
+
+def main() -> None:
+    rank = int(os.environ["RANK"])
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl")
+    world = dist.get_world_size()
+    rows: list = []
+    try:
+        run_na(rank, world, rows)
+        run_attn_res(rank, world, rows)
+    finally:
+        if rank == 0:
+            print(f"\n{torch.cuda.get_device_name()} x {world}, bf16, ms (medians; all ranks: the slowest)")
+            print(f"{'case':<58} {'mode':<8} {'one GPU':>8} {'ranks':>8} {'speed-up':>8} {'efficiency':>10}")
+            for name, t in rows:
+                for mode in ("fwd", "fwd+bwd"):
+                    one, cp = t.get(f"one {mode}", float("nan")), t[f"cp {mode}"]
+                    print(f"{name:<58} {mode:<8} {one:8.3f} {cp:8.3f} {one / cp:8.2f} {one / cp / world:10.0%}")
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
