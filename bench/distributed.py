@@ -3,8 +3,9 @@ sharding, against one GPU running the whole problem, in one torchrun launch:
 
     torchrun --standalone --nproc-per-node 4 -m bench.distributed
 
-Every rank times its part with triton.testing.do_bench (medians; a barrier before each timed region, so
-the slowest rank sets the pace); rank 0 also times the single-GPU op on the full problem first. Prints
+Every rank times the same fixed number of calls with CUDA events (medians; a barrier before each timed
+region; the slowest rank's median is reported); rank 0 also times the single-GPU op on the full problem
+first (do_bench). Prints
 per case: one GPU, all ranks, speed-up and scaling efficiency (speed-up / ranks), bf16.
 """
 
@@ -16,15 +17,23 @@ import torch
 import torch.distributed as dist
 
 
-def timed(fn) -> float:
-    import triton.testing
-
-    def step():
+def timed(fn, warmup: int = 3, reps: int = 10) -> float:
+    """Median ms per call over a fixed number of calls on every rank (do_bench picks its repeat count
+    from each rank's own first calls: ranks that exchange data would then wait for calls never made);
+    the slowest rank's median."""
+    for _ in range(warmup):
         fn()
-
     dist.barrier()
-    ms = triton.testing.do_bench(step, warmup=5, rep=40, return_mode="median")
-    worst = torch.tensor([ms], device="cuda")
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    worst = torch.tensor([sorted(times)[reps // 2]], device="cuda")
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)
     return worst.item()
 
