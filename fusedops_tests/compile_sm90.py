@@ -76,7 +76,8 @@ def eager_signature(kernel, tensors, scalars, meta) -> tuple[dict, dict, dict]:
     return signature, constexprs, attrs
 
 
-def run_ops() -> None:
+def run_ops(target: Target = H100) -> None:
+    """Record the launches of every op body under `target`'s plan (the kernels never run)."""
     for mod in (attn_res, embedding, na):
         mod.launch = record
     bf16, f32 = torch.bfloat16, torch.float32
@@ -87,16 +88,16 @@ def run_ops() -> None:
                           (4, 7168, bf16), (2, 16384, bf16), (5, 300, f32)):
         values = torch.randn(n, 2, 8, dim, dtype=dtype)
         query, weight = torch.randn(dim), torch.rand(dim)
-        out, lse = attn_res._forward(values, query, weight, 1e-6, H100)
+        out, lse = attn_res._forward(values, query, weight, 1e-6, target)
         grad_out = torch.randn(2, 8, dim, dtype=dtype)
-        attn_res._backward(grad_out, values, query, weight, 1e-6, True, True, True, H100)
-        attn_res._backward(grad_out, values, query, weight, 1e-6, True, True, True, H100, out, lse)
-        attn_res._backward(grad_out, values, query, weight, 1e-6, True, False, True, H100, out, lse, torch.randn(2, 8))
+        attn_res._backward(grad_out, values, query, weight, 1e-6, True, True, True, target)
+        attn_res._backward(grad_out, values, query, weight, 1e-6, True, True, True, target, out, lse)
+        attn_res._backward(grad_out, values, query, weight, 1e-6, True, False, True, target, out, lse, torch.randn(2, 8))
     # embedding
     for dim, dtype in ((4096, bf16), (768, f32)):
         weight, indices = torch.randn(1000, dim, dtype=dtype), torch.randint(0, 1000, (64,))
-        embedding._forward(weight, indices, H100)
-        embedding._backward(torch.randn(64, dim, dtype=dtype), indices, 1000, -1, True, H100)
+        embedding._forward(weight, indices, target)
+        embedding._backward(torch.randn(64, dim, dtype=dtype), indices, 1000, -1, True, target)
     # neighborhood attention: 1D narrow and wide windows, 2D, 3D, fp32 (ieee dots), truncated + causal,
     # head dim 256; then fp32 with TF32 dots
     for shape, kernel, dtype, window, causal in (
@@ -108,20 +109,20 @@ def run_ops() -> None:
         ((1, 2, 256, 256), [129], bf16, "shifted", [False]),  # the largest head dim, a wide window
         ((1, 2, 16, 16, 256), [5, 5], bf16, "shifted", [False, False]),
     ):
-        _na_launches(shape, kernel, dtype, window, causal)
+        _na_launches(shape, kernel, dtype, window, causal, target)
     # fp32 with TF32 dots (torch.set_float32_matmul_precision("high"))
     torch.set_float32_matmul_precision("high")
     try:
         for shape, kernel in (((1, 2, 256, 128), [33]), ((1, 2, 16, 16, 64), [7, 7])):
-            _na_launches(shape, kernel, f32, "shifted", [False] * len(kernel))
+            _na_launches(shape, kernel, f32, "shifted", [False] * len(kernel), target)
     finally:
         torch.set_float32_matmul_precision("highest")
 
 
-def _na_launches(shape, kernel, dtype, window, causal) -> None:
+def _na_launches(shape, kernel, dtype, window, causal, target: Target) -> None:
     q = torch.randn(shape, dtype=dtype)
     ndim = len(kernel)
-    args = (kernel, [1] * ndim, [1] * ndim, causal, q.shape[-1] ** -0.5, window, H100)
+    args = (kernel, [1] * ndim, [1] * ndim, causal, q.shape[-1] ** -0.5, window, target)
     out, lse = na._forward(q, q, q, *args)
     na._backward(out, lse, q, q, q, out, lse, *args)
 

@@ -333,7 +333,7 @@ def attn_res_bwd_kernel(
                 tl.store(pptrs, tl.load(pptrs, mask=d_mask, other=0.0) + du, mask=d_mask)
         else:
             base = v_ptr + rows
-            for _ in range(N):
+            for _source in range(N):  # not `_`: the body unpacks into `_` (Triton 3.2: one variable, two types)
                 sq = tl.zeros([BLOCK_T], tl.float32)
                 dot = tl.zeros([BLOCK_T], tl.float32)
                 gv = tl.zeros([BLOCK_T], tl.float32)
@@ -369,7 +369,7 @@ def attn_res_bwd_kernel(
                 ptrs = v_ptr + LAST_N + rows[:, None] + d[None, :]
                 dptrs = dv_ptr + LAST_DV + t[:, None] * D + d[None, :]
                 sptrs = stats_ptr + LAST_STAT + t
-                for _ in range(N):
+                for _source in range(N):  # not `_` (above)
                     logit = tl.load(sptrs, mask=t_mask, other=0.0)
                     rstd = tl.load(sptrs + STAT_PLANE, mask=t_mask, other=0.0)
                     gv = tl.load(sptrs + 2 * STAT_PLANE, mask=t_mask, other=0.0)

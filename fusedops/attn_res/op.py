@@ -109,14 +109,16 @@ def _forward(
 
 def backward_plan(target: Target, tokens: int, sources: int, dim: int, elem_size: int, one_pass: bool) -> Plan:
     """The depth-tile plan when all N source rows of a token fit on chip (it needs neither out nor lse);
-    else the one-pass plan when the forward's out and lse are at hand and a whole row fits on chip;
-    otherwise the two-phase plan."""
+    else the one-pass plan when the forward's out and lse are at hand and a whole row fits on chip (on
+    Ascend, for fp32 values only); otherwise the two-phase plan."""
     # Not for a symbolic N (torch.compile with dynamic shapes): its tile height would need a guard on N,
     # and a graph is meant to serve every size without recompiling.
     depth = depth_tile_plan(target, tokens, sources, dim, elem_size) if isinstance(sources, int) else None
     if depth is not None:
         return depth
-    if one_pass:
+    # triton-ascend's adapter cannot lower the one-pass kernel's deferred 16-bit rows (a select between
+    # pointer tensors, fusedops_tests/compile_ascend.py): on Ascend 16-bit values take the two-phase kernel.
+    if one_pass and not (target.vendor == "ascend" and elem_size < 4):
         plan = make_plan(target, tokens, dim, elem_size, backward=True, one_pass=True)
         if plan.one_tile:
             return plan

@@ -215,6 +215,10 @@ def stash_rows(target: Target, sources: int, dim: int, elem_size: int) -> int:
     rows = 4 // elem_size
     if not (isinstance(sources, int) and isinstance(dim, int)) or rows not in (1, 2) or sources < rows:
         return 0
+    if rows == 2 and target.vendor == "ascend":
+        # triton-ascend's adapter cannot bitcast a 16-bit pointer to an fp32 one (its ttadapter stage
+        # rejects the stash, fusedops_tests/compile_ascend.py): the partial sums get their own buffer.
+        return 0
     if rows == 2 and reduce_plan(target, dim, 1, 2)[0] < max(2, target.row_align // elem_size):
         return 0
     return rows

@@ -243,7 +243,9 @@ def make_plan(
     # any size): triton-ascend 3.2's interpreter asserts 16 (the Ascend CI stage), as GPUs need.
     floor = 1 if interpreted and target.vendor == "cuda" else MIN_DOT
     dot_fp32 = interpreted or dtype == torch.float32
-    precision = "tf32" if not dot_fp32 or (tf32 and cuda_gpu) else "ieee"
+    # "tf32" on a GPU (ignored by 16-bit dots, TF32 for fp32 ones where allowed); triton-ascend refuses it
+    # (its "hf32" is not taken: fp32 dots stay exact on Ascend), and 16-bit dots there take "ieee".
+    precision = "tf32" if cuda_gpu and (not dot_fp32 or tf32) else "ieee"
     warps = stages = None
     dkdv_boxes = None
     # the rows of keys an 8-row query box can need on a 2-D problem's outer axis (or queries an 8-row key box)

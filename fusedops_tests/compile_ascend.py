@@ -1,0 +1,96 @@
+"""Compile every kernel launch of every op, as the Ascend plan makes it, through triton-ascend's own
+compiler up to its Ascend-specific `ttadapter` stage (Triton IR -> HIVM / HFusion / Linalg by the
+`triton-adapter-opt` the wheel ships), for an Atlas A2 target, without an NPU or CANN. Run as a script
+by test_kernels_compile.py in the triton-ascend venv, in a process without TRITON_INTERPRET.
+
+The launches are compile_sm90's (the same op bodies and shapes, every dtype) recorded under the Ascend
+target; float64 ones are skipped (triton-ascend has no fp64; on an NPU float64 runs the reference). Only the last stage, `bishengir-compile`, needs CANN: it bufferizes the IR and allocates the
+Unified Buffer, so the UB use of a kernel is not known here. What the lowered IR does state is each
+tensor it computes on; a single tensor larger than the UB can never fit, so that is checked (the
+largest one per launch is printed).
+
+    PYTHONPATH=. python fusedops_tests/compile_ascend.py"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import sys
+
+from triton.backends.compiler import GPUTarget
+from triton.compiler.compiler import ASTSource, make_backend
+
+from compile_sm90 import inductor_signature, launches, run_ops
+from fusedops.targets import ascend_target
+
+# The Atlas A2 (910B) the Ascend plans are sized for; triton-ascend's compile flow is the same for A3.
+TARGET = GPUTarget("npu", "Ascend910B3", 0)
+ELEMENT_BYTES = {"i1": 1, "i8": 1, "i16": 2, "i32": 4, "i64": 8, "f16": 2, "bf16": 2, "f32": 4, "f64": 8}
+TENSOR = re.compile(r"tensor<((?:\d+x)+)(\w+)>")
+
+
+def to_ttadapter(kernel, signature: dict, constexprs: dict, options: dict) -> str:
+    """The kernel's IR after triton-ascend's `ttir` and `ttadapter` stages (what compile() runs before
+    handing the IR to bishengir-compile)."""
+    from triton._C.libtriton import ir
+
+    backend = make_backend(TARGET)
+    opts = backend.parse_options(dict(options, debug=bool(getattr(kernel, "debug", False))))
+    context = ir.context()
+    ir.load_dialects(context)
+    backend.load_dialects(context)
+    module = ASTSource(kernel, signature, constexprs).make_ir(opts, backend.get_codegen_implementation(),
+                                                              backend.get_module_map(), context)
+    stages: dict = {}
+    backend.add_stages(stages, opts)
+    key = hashlib.sha256(f"{kernel.fn.__name__}{signature}{constexprs}".encode()).hexdigest()
+    metadata = dict(opts.__dict__, hash=key, target=TARGET)
+    return stages["ttadapter"](stages["ttir"](module, metadata), metadata)
+
+
+def largest_tensor_bytes(ir_text: str) -> int:
+    best = 0
+    for dims, dtype in TENSOR.findall(ir_text):
+        size = ELEMENT_BYTES.get(dtype, 4)
+        for d in dims.rstrip("x").split("x"):
+            size *= int(d)
+        best = max(best, size)
+    return best
+
+
+def _adapter_errors(e: Exception) -> str:
+    """The adapter's own diagnostics (its error lines, or the crash's first lines) from a failed run."""
+    text = (getattr(e, "stderr", b"") or b"").decode(errors="replace")
+    errors = [line for line in text.splitlines() if "error" in line.lower() or "Assertion" in line]
+    return "\n".join(errors[:8] or text.splitlines()[:8])
+
+
+def main() -> int:
+    target = ascend_target()
+    run_ops(target)
+    failures, seen = 0, set()
+    for kernel, tensors, scalars, meta in launches:
+        signature, constexprs, _ = inductor_signature(kernel, tensors, scalars, meta)
+        signature = {k: ("fp32" if v == "fp64" else v) for k, v in signature.items()}  # Python floats: fp32 here
+        key = (kernel.fn.__name__, tuple(signature.items()), tuple(constexprs.items()))
+        if key in seen:
+            continue
+        seen.add(key)
+        if "*fp64" in signature.values():  # triton-ascend has no fp64: float64 runs the reference on an NPU
+            print("skipped (float64)", kernel.fn.__name__, constexprs)
+            continue
+        options = {k: meta[k] for k in ("num_warps",) if k in meta}
+        try:
+            largest = largest_tensor_bytes(to_ttadapter(kernel, signature, constexprs, options))
+            if largest > target.onchip_bytes:
+                raise ValueError(f"a {largest}-byte tensor cannot fit the {target.onchip_bytes}-byte Unified Buffer")
+            print("ok", kernel.fn.__name__, constexprs, f"largest tensor {largest} bytes")
+        except Exception as e:  # noqa: BLE001 - report every kernel, then fail
+            failures += 1
+            print("FAILED", kernel.fn.__name__, constexprs, f"{type(e).__name__}: {e}"[:3000], _adapter_errors(e))
+    print(f"{len(seen)} launches lowered to triton-ascend's ttadapter IR, {failures} failed")
+    return 1 if failures or not seen else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
