@@ -120,6 +120,7 @@ def make_plan(target: Target, rows: int, dim: int, elem_size: int, *, backward: 
     largest = prev_pow2(budget)
     hint = size_hint(rows)  # tile shapes from the (hinted) size; tiles and the grid from the real one
     cuda = target.vendor == "cuda" and not target.interpreted
+    ascend = target.vendor == "ascend"
     max_registers, evict = None, ""
     if cuda and backward:
         block_d = _block_d(dim, min_d, min(CUDA_BWD_MAX_BLOCK_D, largest))
@@ -136,8 +137,11 @@ def make_plan(target: Target, rows: int, dim: int, elem_size: int, *, backward: 
         else:
             # Ascend and the interpreter: few, large tiles; the whole row when it fits the budget.
             wanted = largest
-            block_d = _block_d(dim, min_d, largest)
+            block_d = _block_d(dim, min_d, largest // 2 if ascend else largest)
         block_rows = max(1, min(prev_pow2(max(1, wanted // block_d)), next_pow2(max(hint, 1))))
+        if ascend:
+            # a one-row tile crashes triton-ascend's adapter (fusedops_tests/compile_ascend.py): >= 2 rows
+            block_rows = max(2, block_rows)
         num_warps = min(8, max(1, block_rows * block_d // 1024))
     tiles = -(-torch.sym_max(rows, 1) // block_rows) * -(-max(dim, 1) // block_d)
     if backward:
