@@ -90,13 +90,6 @@ def _attn_res_case(rank, mesh):
             _check("attn_res op", plain, fusedops.attn_res(values, query, weight))
 
 
-@pytest.mark.parametrize("world", [2, 4])
-@pytest.mark.parametrize("path", ["reference", pytest.param("cuda", marks=pytest.mark.interpreter)])
-def test_attn_res_sharded_on_batch_dims(world, path, tmp_path):
-    if path == "cuda" and world == 4:
-        pytest.skip("one kernel-path world size is enough for CI time")
-    _spawn(_attn_res_case, world, tmp_path, path)
-
 
 # ----- embedding ---------------------------------------------------------------------------------
 
@@ -130,13 +123,6 @@ def _grad_like(out, grad, mesh):
     return distribute_tensor(grad, mesh, [Replicate() if p.is_partial() else p for p in out.placements])
 
 
-@pytest.mark.parametrize("world", [2, 4])
-@pytest.mark.parametrize("path", ["reference", pytest.param("cuda", marks=pytest.mark.interpreter)])
-def test_embedding_colwise_rowwise_and_token_sharded(world, path, tmp_path):
-    if path == "cuda" and world == 4:
-        pytest.skip("one kernel-path world size is enough for CI time")
-    _spawn(_embedding_case, world, tmp_path, path)
-
 
 # ----- neighborhood attention ----------------------------------------------------------------------
 
@@ -167,12 +153,21 @@ def _na_case(rank, mesh):
                 _check(name, got.grad, want.grad, atol=1e-4)
 
 
+
+# ----- every rule against one process, on both kinds of path ---------------------------------------------
+
+# Each case: attn_res on any batch dim; embedding column-wise, row-wise and token-sharded (with padding and
+# scale_grad_by_freq); neighborhood attention on batch and heads (GQA); context-parallel NA (below).
+RULE_CASES = ["_attn_res_case", "_embedding_case", "_na_case", "_cp_case"]
+
+
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("path", ["reference", pytest.param("cuda", marks=pytest.mark.interpreter)])
-def test_neighborhood_attention_sharded_on_batch_and_heads(world, path, tmp_path):
+@pytest.mark.parametrize("case", RULE_CASES, ids=lambda name: name.strip("_"))
+def test_sharded_ops_match_one_process(case, world, path, tmp_path):
     if path == "cuda" and world == 4:
         pytest.skip("one kernel-path world size is enough for CI time")
-    _spawn(_na_case, world, tmp_path, path)
+    _spawn(globals()[case], world, tmp_path, path)
 
 
 # ----- parallelize_module ---------------------------------------------------------------------------
@@ -303,13 +298,6 @@ def _cp_case(rank, mesh):
         for name, leaf, full in (("dq", sq, lq), ("dk", sk, lk), ("dv", sv, lv)):
             _check(f"{name} ({case})", leaf.grad, full.grad.split(lengths, dim)[rank], atol=1e-4)
 
-
-@pytest.mark.parametrize("world", [2, 4])
-@pytest.mark.parametrize("path", ["reference", pytest.param("cuda", marks=pytest.mark.interpreter)])
-def test_context_parallel_neighborhood_attention(world, path, tmp_path):
-    if path == "cuda" and world == 4:
-        pytest.skip("one kernel-path world size is enough for CI time")
-    _spawn(_cp_case, world, tmp_path, path)
 
 
 def _cp_dtensor_case(rank, mesh):
