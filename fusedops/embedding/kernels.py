@@ -41,7 +41,8 @@ def embedding_fwd_kernel(
         t_mask = t < N
         idx = tl.load(idx_ptr + t * IDX_S, mask=t_mask, other=0).to(tl.int64)
         ok = t_mask & (idx >= 0) & (idx < V)
-        tl.device_assert(ok | ~t_mask, "fusedops.embedding: an index is outside the weight's rows [0, V)")
+        # (t >= N) rather than ~t_mask: triton-ascend 3.2's interpreter cannot invert a boolean tensor
+        tl.device_assert(ok | (t >= N), "fusedops.embedding: an index is outside the weight's rows [0, V)")
         idx = tl.where(ok, idx, 0)
         d = db.to(tl.int64) * BLOCK_D + tl.arange(0, BLOCK_D)
         d_mask = d < D
@@ -108,7 +109,7 @@ def _run_item(g_ptr, keys_ptr, perm_ptr, offs_ptr, gw_ptr, part_ptr, item, V, D,
     split = run_stop - start > CHUNK
     if SCALE:  # a split run is scaled once its chunks are summed
         acc = acc / tl.where(split, 1, tl.maximum(run_stop - start, 1)).to(tl.float32)
-    tl.store(gw_ptr + key * D + d, acc.to(gw_ptr.dtype.element_ty), mask=d_mask & heads & ~split,
+    tl.store(gw_ptr + key * D + d, acc.to(gw_ptr.dtype.element_ty), mask=d_mask & heads & (run_stop - start <= CHUNK),
              eviction_policy=EVICT)
     slot = 2 * (pos // CHUNK) + (pos == start).to(tl.int64)
     tl.store(part_ptr + slot * D + d, acc, mask=d_mask & heads & split)
@@ -217,7 +218,7 @@ def embedding_run_keys_kernel(idx_ptr, keys_ptr, N, V, IDX_S, BLOCK: tl.constexp
         in_range = t < N
         i = tl.load(idx_ptr + t.to(tl.int64) * IDX_S, mask=in_range, other=0)
         ok = (i >= 0) & (i < V)
-        tl.device_assert(ok | ~in_range, "fusedops.embedding_backward: an index is outside [0, num_weights)")
+        tl.device_assert(ok | (t >= N), "fusedops.embedding_backward: an index is outside [0, num_weights)")
         k = tl.where(ok, i, -1)
         tl.store(keys_ptr + t, k.to(keys_ptr.dtype.element_ty), mask=in_range)
 
