@@ -38,13 +38,20 @@ def _worker(rank, world, fn, store, path, device, errors):
         torch.set_default_device("cuda")
     backend = "nccl" if device == "cuda" else "gloo"
     dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world)
+    mesh = None
     try:
         from torch.distributed.device_mesh import init_device_mesh
 
-        fn(rank, init_device_mesh(device, (world,)))
+        mesh = init_device_mesh(device, (world,))
+        fn(rank, mesh)
     except Exception:  # noqa: BLE001 - reported by the parent
         errors.append(f"rank {rank}:\n{traceback.format_exc()}")
     finally:
+        # Collectives left in flight (FSDP2's gradient reductions on gloo) must finish before the process
+        # exits: a gloo work still running at interpreter shutdown aborts the rank (SIGABRT).
+        for group in mesh.get_all_groups() if mesh is not None else []:
+            dist.barrier(group=group)
+        dist.barrier()
         dist.destroy_process_group()
 
 
@@ -341,6 +348,7 @@ def _lm_case(rank, mesh, tp):
     shard = lm.parallelize(model, tp, torch.device("cpu"))
     got = lm.train(model, lm.SyntheticText(cfg.vocab, cfg.period, cfg.noise, cfg.seed), cfg.steps,
                    torch.device("cpu"), compile=False, log=None, shard=shard)
+    lm.drain_collectives(model)
     torch.testing.assert_close(torch.tensor(got), torch.tensor(single), rtol=2e-4, atol=0)
 
 

@@ -468,9 +468,22 @@ def distributed_main(args, cfg: Config) -> int:
         first, last = sum(losses[:k]) / k, sum(losses[-k:]) / k
         if rank0:
             print(f"loss {first:.3f} -> {last:.3f} (mean of the first and last {k} steps)")
+        drain_collectives(model)
         return 0 if cfg.steps < 20 or last < first else 1
     finally:
         dist.destroy_process_group()
+
+
+def drain_collectives(model: nn.Module) -> None:
+    """Wait for every collective still queued on the groups the model's DTensors use (FSDP2 leaves
+    reductions in flight that nothing waits for on CPU). gloo's barrier completes after all earlier
+    work of its group; a gloo work still running when Python finalises aborts the process."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    groups = {id(g): g for p in model.parameters() if isinstance(p, DTensor) for g in p.device_mesh.get_all_groups()}
+    for group in [*groups.values(), None]:
+        dist.barrier(group=group)
 
 
 if __name__ == "__main__":
