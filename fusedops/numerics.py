@@ -13,3 +13,9 @@ def tf32_allowed() -> bool:
     if setting != "none":
         return setting == "tf32"
     return torch.get_float32_matmul_precision() != "highest"
+
+
+def accumulate_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the ops compute and accumulate in for inputs of `dtype`, and that of the softmax statistics
+    they return (lse): float64 for float64 inputs, float32 for the others."""
+    return torch.float64 if dtype == torch.float64 else torch.float32

@@ -252,15 +252,18 @@ _ENV_KEYS = {
 }
 
 
-def target_for(device: torch.device) -> Target | None:
-    """The target whose plan runs on `device`, or None where the PyTorch reference runs (plain CPU,
-    meta).
+def target_for(device: torch.device, dtype: torch.dtype | None = None) -> Target | None:
+    """The target whose plan runs on `device` for tensors of `dtype`, or None where the PyTorch reference
+    runs (plain CPU, meta; float64 under the Ascend plan, as triton-ascend has no float64).
     Cached per device and environment (it is asked on every launch)."""
     kind, index = device.type, device.index
     if kind == "cuda" and index is None:
         index = torch.cuda.current_device()
     env = tuple(map(os.environ.get, _ENV_KEYS.get(kind, ())))
-    return _target_for(kind, index, env)
+    target = _target_for(kind, index, env)
+    if target is not None and target.vendor == "ascend" and dtype == torch.float64:
+        return None
+    return target
 
 
 @functools.lru_cache(maxsize=64)

@@ -9,7 +9,8 @@ from typing import Iterable, Optional, Sequence
 
 import torch
 
-FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# float64 runs in float64 throughout (fusedops.numerics.accumulate_dtype): what torch.autograd.gradcheck needs.
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 FP32 = torch.finfo(torch.float32)  # the kernels' arithmetic: float arguments are cast to it in the kernel
 
 
@@ -26,7 +27,7 @@ def check_float(name: str, t: torch.Tensor) -> None:
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{name} must be a tensor, got {type(t).__name__}")
     if t.dtype not in FLOAT_DTYPES:
-        raise ValueError(f"{name} must be float32, float16 or bfloat16, got {t.dtype}")
+        raise ValueError(f"{name} must be float32, float16, bfloat16 or float64, got {t.dtype}")
 
 
 def as_int(name: str, value) -> int:

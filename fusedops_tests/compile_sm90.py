@@ -31,8 +31,8 @@ from fusedops.targets import CUDA_ONCHIP_BYTES, Target
 
 H100 = Target(vendor="cuda", vector_cores=132, matrix_cores=132, onchip_bytes=CUDA_ONCHIP_BYTES,
               max_grid=2**31 - 1, row_align=16, resident=4, persistent=False)
-POINTER = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int64: "*i64",
-           torch.int32: "*i32", torch.int16: "*i16"}
+POINTER = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.float64: "*fp64",
+           torch.int64: "*i64", torch.int32: "*i32", torch.int16: "*i16"}
 
 launches: list = []
 
@@ -80,12 +80,13 @@ def run_ops(target: Target = H100) -> None:
     """Record the launches of every op body under `target`'s plan (the kernels never run)."""
     for mod in (attn_res, embedding, na):
         mod.launch = record
-    bf16, f32 = torch.bfloat16, torch.float32
+    bf16, f32, f64 = torch.bfloat16, torch.float32, torch.float64
     # attn_res: one tile with two rows in flight, the tiled-D path (D = 16384), fp32; every backward
     # (two-phase without the forward's statistics, one pass with them, a gradient of lse or not; the
-    # depth tile where a token's N rows fit, which takes both calls)
+    # depth tile where a token's N rows fit, which takes both calls); float64 through each kind of kernel
     for n, dim, dtype in ((8, 4096, bf16), (8, 8192, bf16), (3, 16384, bf16), (64, 300, f32), (4, 4096, bf16),
-                          (4, 7168, bf16), (2, 16384, bf16), (5, 300, f32)):
+                          (4, 7168, bf16), (2, 16384, bf16), (5, 300, f32), (64, 300, f64), (5, 300, f64),
+                          (3, 16384, f64)):
         values = torch.randn(n, 2, 8, dim, dtype=dtype)
         query, weight = torch.randn(dim), torch.rand(dim)
         out, lse = attn_res._forward(values, query, weight, 1e-6, target)
@@ -94,7 +95,7 @@ def run_ops(target: Target = H100) -> None:
         attn_res._backward(grad_out, values, query, weight, 1e-6, True, True, True, target, out, lse)
         attn_res._backward(grad_out, values, query, weight, 1e-6, True, False, True, target, out, lse, torch.randn(2, 8))
     # embedding
-    for dim, dtype in ((4096, bf16), (768, f32)):
+    for dim, dtype in ((4096, bf16), (768, f32), (768, f64)):
         weight, indices = torch.randn(1000, dim, dtype=dtype), torch.randint(0, 1000, (64,))
         embedding._forward(weight, indices, target)
         embedding._backward(torch.randn(64, dim, dtype=dtype), indices, 1000, -1, True, target)
@@ -108,6 +109,10 @@ def run_ops(target: Target = H100) -> None:
         ((1, 2, 40, 48), [5], f32, "truncated", [True]),
         ((1, 2, 256, 256), [129], bf16, "shifted", [False]),  # the largest head dim, a wide window
         ((1, 2, 16, 16, 256), [5, 5], bf16, "shifted", [False, False]),
+        ((1, 2, 40, 48), [5], f64, "truncated", [True]),  # float64: fp64 dots, accumulators and statistics
+        ((1, 2, 256, 64), [33], f64, "shifted", [False]),
+        ((1, 2, 16, 16, 64), [7, 7], f64, "shifted", [False, True]),
+        ((1, 2, 8, 8, 8, 128), [3, 3, 3], f64, "shifted", [False, False, False]),
     ):
         _na_launches(shape, kernel, dtype, window, causal, target)
     # fp32 with TF32 dots (torch.set_float32_matmul_precision("high"))

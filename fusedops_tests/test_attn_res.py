@@ -582,7 +582,7 @@ BAD_INPUTS = {
     "weight_dim": (lambda v, q, w: (v, q, w[:5], 1e-6), "norm_weight"),
     "values_int": (lambda v, q, w: (v.to(torch.int32), q, w, 1e-6), "values"),
     "query_int": (lambda v, q, w: (v, q.to(torch.int64), w, 1e-6), "query"),
-    "weight_float64": (lambda v, q, w: (v, q, w.double(), 1e-6), "norm_weight"),
+    "weight_complex": (lambda v, q, w: (v, q, w.to(torch.complex64), 1e-6), "norm_weight"),
     "device": (lambda v, q, w: (v, q.to("meta"), w, 1e-6), "query"),
     "eps_zero": (lambda v, q, w: (v, q, w, 0.0), "eps"),
     "eps_negative": (lambda v, q, w: (v, q, w, -1e-6), "eps"),

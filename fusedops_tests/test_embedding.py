@@ -423,7 +423,7 @@ def _i():
     "call, exc, word",
     [
         (lambda: fusedops.embedding(_i(), _w().long()), ValueError, "weight"),
-        (lambda: fusedops.embedding(_i(), _w().double()), ValueError, "weight"),
+        (lambda: fusedops.embedding(_i(), _w().to(torch.complex64)), ValueError, "weight"),
         (lambda: fusedops.embedding(_i(), torch.randn(5)), ValueError, "weight"),
         (lambda: fusedops.embedding(_i(), torch.randn(2, 5, 4)), ValueError, "weight"),
         (lambda: fusedops.embedding(_i().float(), _w()), ValueError, "indices"),

@@ -1,10 +1,12 @@
 """Adversarial inputs to attn_res and neighborhood attention (issue 34, input hardening): every tensor argument
 of every op checked in its body and its fake kernel, float arguments held to the float32 range the kernels
 compute in, flags and module sizes of the wrong type, calls from several threads, errors inside
-torch.compile, and the truncated window wider than its axis (Liger's semantics)."""
+torch.compile, the truncated window wider than its axis (Liger's semantics), non-finite values (they stay in
+their windows and give the reference's IEEE results), and float64 on every path (gradcheck of every op)."""
 
 from __future__ import annotations
 
+import math
 import re
 import threading
 from types import SimpleNamespace
@@ -20,7 +22,7 @@ from fusedops.neighborhood_attention.op import MAX_SCALE
 from fusedops.validation import FP32, check_fp32_normal
 
 from .helpers import KERNEL_PATHS, PATHS, execution_path, gpu, opaque_triton_ops, recorded_launches
-from .test_neighborhood_attention import check_case
+from .test_neighborhood_attention import check_case, dense_mask, oracle
 
 # ---- every tensor argument of every op: device, dtype, shape, in the body and in the fake kernel ---------------
 
@@ -71,7 +73,7 @@ BAD_TENSORS = [
     ("attn_res_backward", "grad_lse", lambda t: t[:1]),
     ("attn_res_backward", "values", lambda t: t.to("meta")),
     ("attn_res_backward", "query", lambda t: t.to(torch.int64)),
-    ("neighborhood_attention", "q", lambda t: t.double()),
+    ("neighborhood_attention", "q", lambda t: t.to(torch.int32)),
     ("neighborhood_attention", "k", lambda t: t.to("meta")),
     ("neighborhood_attention", "v", lambda t: t[:, :1, :4]),
     ("neighborhood_attention_backward", "grad_out", lambda t: t.to("meta")),
@@ -430,3 +432,417 @@ def test_gpu_truncated_window_wider_than_axis(spatial, ks, dil, causal, dtype):
                 batch=2, kv_heads=2, groups=2, head_dim=64, head_dim_v=64, dtype=dtype, strided=True,
                 scale=None, with_lse_grad=True, seed=3)
     check_case(case, "cuda")
+
+
+# ---- non-finite values stay inside the windows that hold them ------------------------------------------------
+
+# NumPy warns of the infs and NaNs the interpreter computes with (0 * inf, inf - inf): expected here.
+NON_FINITE_ARITHMETIC = pytest.mark.filterwarnings("ignore:(invalid value|divide by zero|overflow):RuntimeWarning")
+
+# (spatial, kernel_size, dilation, stride, is_causal, window, query heads, kv heads, on-chip budget): 1-D (the fused
+# backward on both plans; under a small budget the dQ and dK/dV kernels), causal, dilated, strided (GNA), truncated
+# with GQA, and 2-D.
+WINDOW_CASES = {
+    "1d": ([24], [3], [1], [1], [False], "shifted", 1, 1, None),
+    "1d_two_kernel_backward": ([24], [3], [1], [1], [False], "shifted", 1, 1, 4096),
+    "1d_causal": ([24], [4], [1], [1], [True], "shifted", 1, 1, None),
+    "1d_dilated": ([24], [3], [2], [1], [False], "shifted", 1, 1, None),
+    "1d_strided": ([24], [4], [1], [2], [False], "shifted", 1, 1, None),
+    "1d_truncated_gqa": ([24], [5], [1], [1], [False], "truncated", 2, 1, None),
+    "2d_strided_causal_gqa": ([6, 7], [3, 3], [1, 1], [1, 2], [False, True], "shifted", 2, 1, None),
+}
+POISONED = {"q": (0, 1), "k": (0, 14), "v": (0, -2), "grad_out": (-1, 6)}  # tensor: (head, flat position)
+# The 2-D case takes ~20 s a path in the interpreter (its exact path walks windows one pair at a time).
+WINDOW_CASE_PARAMS = [pytest.param(name, marks=[pytest.mark.slow] if name.startswith("2d") else [])
+                      for name in sorted(WINDOW_CASES)]
+
+
+def _window_inputs(case: str, gen: torch.Generator) -> dict:
+    spatial, _, _, _, _, _, heads, kv_heads, _ = WINDOW_CASES[case]
+    q, grad_out = (torch.randn(1, heads, *spatial, 8, generator=gen) for _ in range(2))
+    k, v = (torch.randn(1, kv_heads, *spatial, 8, generator=gen) for _ in range(2))
+    return dict(q=q, k=k, v=v, grad_out=grad_out, grad_lse=torch.randn(q.shape[:-1], generator=gen))
+
+
+def _poison(inputs: dict, value: float) -> dict:
+    """The inputs with one entry of q, k, v and grad_out set to value (at POISONED)."""
+    inputs = {name: t.clone() for name, t in inputs.items()}
+    for name, (head, pos) in POISONED.items():
+        t = inputs[name]
+        t.view(t.shape[1], -1, t.shape[-1])[head, pos, 3] = value
+    return inputs
+
+
+def _na_results(case: str, inputs: dict) -> dict:
+    """out, lse and the gradients of q, k and v, as [heads, positions, ...] (one batch)."""
+    spatial, ks, dil, st, causal, window, _, _, _ = WINDOW_CASES[case]
+    q, k, v = (inputs[n].detach().requires_grad_() for n in "qkv")
+    out, lse = fusedops.neighborhood_attention(q, k, v, ks, dil, st, causal, window=window, return_lse=True)
+    loss = (out * inputs["grad_out"]).sum() + (lse * inputs["grad_lse"]).sum()
+    grads = torch.autograd.grad(loss, (q, k, v))
+    results = dict(out=out.detach(), lse=lse.detach(), dq=grads[0], dk=grads[1], dv=grads[2])
+    return {name: t.reshape(t.shape[1], math.prod(spatial), -1) for name, t in results.items()}
+
+
+def _touched(case: str) -> dict:
+    """Per result, the rows ([heads, positions]) that depend on a poisoned entry through their windows: a
+    query's out, lse and dq on its own q (and grad_out for dq) and its window's k and v; a key's dk and dv on
+    the queries whose windows hold it."""
+    spatial, ks, dil, st, causal, window, heads, kv_heads, _ = WINDOW_CASES[case]
+    window_of = dense_mask(spatial, ks, dil, st, causal, window)  # [query, key]
+    tokens = math.prod(spatial)
+    bad = {name: torch.zeros(heads if name in ("q", "grad_out") else kv_heads, tokens, dtype=torch.bool)
+           for name in POISONED}
+    for name, (head, pos) in POISONED.items():
+        bad[name][head, pos] = True
+    group = heads // kv_heads
+    keys = (bad["k"] | bad["v"]).repeat_interleave(group, 0)
+    forward = bad["q"] | (window_of[None] & keys[:, None, :]).any(-1)
+    backward = forward | bad["grad_out"]
+    seen = (window_of[None] & backward[:, :, None]).any(1).reshape(kv_heads, group, tokens).any(1)
+    return dict(out=forward, lse=forward, dq=backward, dk=seen, dv=seen)
+
+
+@NON_FINITE_ARITHMETIC
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("value", [math.inf, math.nan], ids=["inf", "nan"])
+@pytest.mark.parametrize("case", WINDOW_CASE_PARAMS)
+def test_non_finite_values_stay_in_their_windows(path, value, case):
+    """An inf or NaN in q, k, v or grad_out changes only the results whose window holds it: out, lse and dq of
+    the queries that see it, dk and dv of the keys those queries see. On the kernel paths a key outside a
+    query's window got weight 0, and 0 * inf = NaN inside P @ V (and dS @ K, dS^T @ Q, P^T @ dO in the
+    backward) turned every query of the tile NaN."""
+    inputs = _window_inputs(case, torch.Generator().manual_seed(3))
+    with execution_path(path, WINDOW_CASES[case][-1]):
+        clean = _na_results(case, inputs)
+        dirty = _na_results(case, _poison(inputs, value))
+    touched = _touched(case)
+    assert not torch.isfinite(dirty["out"][touched["out"]]).all()
+    for name, rows in touched.items():
+        assert rows.any() and not rows.all(), name
+        torch.testing.assert_close(dirty[name][~rows], clean[name][~rows], rtol=1e-5, atol=1e-6, msg=name)
+
+
+@NON_FINITE_ARITHMETIC
+def test_issue_reproduction_inf_outside_the_window():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 12, 8) for _ in range(3))
+    v[0, 0, 4, 2] = float("inf")
+    for path in ("reference", "cuda", "ascend"):
+        with execution_path(path):
+            assert torch.isfinite(fusedops.neighborhood_attention(q, k, v, 3)[0, 0, :3, 2]).all(), path
+
+
+# ---- non-finite logits give IEEE results, as in the reference ------------------------------------------------
+
+NON_FINITE_LOGITS = {"-inf": -math.inf, "+inf": math.inf, "nan": math.nan}
+
+
+def _extreme_query(kind: str) -> tuple:
+    """q, k, v with query 3's logits all -inf, holding +inf, or NaN (q[3] . k = q[3, 0] * k[:, 0], k[:, 0] > 0)."""
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 1, 12, 8, generator=gen) for _ in range(3))
+    k[..., 0] = k[..., 0].abs() + 0.5
+    q[0, 0, 3] = 0.0
+    q[0, 0, 3, 0] = NON_FINITE_LOGITS[kind]
+    return q, k, v
+
+
+@NON_FINITE_ARITHMETIC
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("kind", sorted(NON_FINITE_LOGITS))
+def test_non_finite_logits_give_ieee_results(path, kind):
+    """lse is torch.logsumexp's: -inf where every logit is -inf, +inf where one is +inf, NaN with a NaN; out is
+    softmax's NaN. The kernels' finite -1e30 for "masked" gave out 0 and lse -6.9e29 for the first, and a NaN
+    query a finite lse. The other queries' results stay finite."""
+    q, k, v = _extreme_query(kind)
+    with execution_path(path):
+        out, lse = fusedops.neighborhood_attention(q, k, v, 3, return_lse=True)
+    torch.testing.assert_close(lse[0, 0, 3], torch.tensor(NON_FINITE_LOGITS[kind]), equal_nan=True)
+    assert out[0, 0, 3].isnan().all()
+    others = torch.arange(12) != 3
+    assert torch.isfinite(out[0, 0, others]).all() and torch.isfinite(lse[0, 0, others]).all()
+
+
+@NON_FINITE_ARITHMETIC
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+@pytest.mark.parametrize("case", [c for c in WINDOW_CASE_PARAMS if c.values[0] in ("1d", "2d_strided_causal_gqa")])
+@pytest.mark.parametrize("kind", ["inf_inputs", "nan_inputs", *(f"logits{k}" for k in sorted(NON_FINITE_LOGITS))])
+def test_non_finite_inputs_match_the_reference(path, case, kind):
+    """With an inf or NaN in every input (or a query's logits all -inf, holding +inf or NaN), the kernels give
+    the reference's results and gradients, NaN for NaN and inf for inf."""
+    inputs = _window_inputs(case, torch.Generator().manual_seed(4))
+    if kind.startswith("logits"):
+        inputs["k"][..., 0] = inputs["k"][..., 0].abs() + 0.5
+        row = inputs["q"].view(inputs["q"].shape[1], -1, 8)[0, 3]
+        row.zero_()
+        row[0] = NON_FINITE_LOGITS[kind[len("logits"):]]
+    else:
+        inputs = _poison(inputs, math.inf if kind == "inf_inputs" else math.nan)
+    with execution_path("reference"):
+        expected = _na_results(case, inputs)
+    with execution_path(path, WINDOW_CASES[case][-1]):
+        results = _na_results(case, inputs)
+    for name, ref in expected.items():
+        assert not torch.isfinite(ref).all(), name
+        torch.testing.assert_close(results[name], ref, rtol=1e-5, atol=1e-5, equal_nan=True, msg=name)
+
+
+@NON_FINITE_ARITHMETIC
+@pytest.mark.parametrize("path", PATHS)
+def test_logits_below_the_former_masking_sentinel(path):
+    """scale is capped at MAX_SCALE (~1.8e19), q . k is not: logits near -8e31 lie below the -1e30 the kernels
+    took for "masked", and every query came back as a zero row (lse -6.9e29). Against the float64 oracle."""
+    gen = torch.Generator().manual_seed(6)
+    q = torch.full((1, 1, 9, 8), -1e6)
+    k = 1e6 * (1 + 0.01 * torch.rand(1, 1, 9, 8, generator=gen))
+    v = torch.randn(1, 1, 9, 8, generator=gen)
+    with execution_path(path):
+        out, lse = fusedops.neighborhood_attention(q, k, v, 3, scale=1e19, return_lse=True)
+    ref_out, ref_lse = oracle(q, k, v, [3], [1], [1], [False], 1e19, "shifted")
+    assert ref_lse.max() < -1e31
+    torch.testing.assert_close(out, ref_out.float(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(lse, ref_lse.float(), rtol=1e-5, atol=0.0)
+
+
+# ---- attn_res: infinite logits give torch.logsumexp's lse ----------------------------------------------------
+
+AR_BUDGETS = [None, 400, 256]  # depth tiles; a row on chip (online forward, one-pass backward); D in tiles
+
+
+def _ar_extreme(kind: str) -> tuple:
+    """values [3, 4, 16], query and norm_weight with non-finite logits. "logits": u = -inf e0, so token t's
+    logits are -inf * v[:, t, 0]: token 1 all -inf, token 2 one +inf, token 3 one NaN (a zero), token 0 all
+    -inf. "norm_weight": an inf gain, +-inf logits by the signs of v[:, t, 5]. Anything else: finite."""
+    gen = torch.Generator().manual_seed(8)
+    values, query, weight = torch.randn(3, 4, 16, generator=gen), torch.randn(16, generator=gen), torch.rand(16) + 0.5
+    if kind == "logits":
+        values[:, :, 0] = values[:, :, 0].abs() + 0.5
+        values[0, 2, 0], values[1, 3, 0] = -1.0, 0.0
+        query = torch.zeros(16)
+        query[0] = -math.inf
+    elif kind == "norm_weight":
+        weight[5] = math.inf
+    return values, query, weight
+
+
+def _ar_oracle(values, query, weight, eps=1e-6) -> tuple:
+    """(out, lse) in float64, written out: logits rstd_i <u, v_i>, torch.logsumexp and torch.softmax over depth."""
+    v, u = values.double(), query.double() * weight.double()
+    logits = (v * u).sum(-1) * torch.rsqrt(v.square().mean(-1) + eps)
+    return torch.einsum("nt,ntd->td", torch.softmax(logits, 0), v), torch.logsumexp(logits, 0)
+
+
+def _ar_budget_paths():
+    return [pytest.param(p.values[0], budget, id=f"{p.id}-{budget or 'planned'}", marks=p.marks)
+            for p in PATHS for budget in AR_BUDGETS if budget is None or p.values[0] != "reference"]
+
+
+@NON_FINITE_ARITHMETIC
+@pytest.mark.parametrize("path, onchip_bytes", _ar_budget_paths())
+@pytest.mark.parametrize("kind", ["logits", "norm_weight"])
+def test_attn_res_infinite_logits_give_ieee_lse(path, onchip_bytes, kind):
+    """lse is -inf where every logit is -inf, +inf where one is +inf, NaN where one is NaN (torch.logsumexp),
+    and out softmax's NaN: the kernels gave NaN for every lse (exp(-inf - -inf), exp(inf - inf))."""
+    values, query, weight = _ar_extreme(kind)
+    ref_out, ref_lse = _ar_oracle(values, query, weight)
+    assert ref_lse.isinf().any()
+    with execution_path(path, onchip_bytes):
+        out, lse = fusedops.attn_res(values, query, weight, return_lse=True)
+    torch.testing.assert_close(lse, ref_lse.float(), equal_nan=True)
+    assert torch.equal(out.isnan(), ref_out.isnan())
+
+
+@NON_FINITE_ARITHMETIC
+@pytest.mark.parametrize("path, onchip_bytes", [p for p in _ar_budget_paths() if p.values[0] != "reference"])
+@pytest.mark.parametrize("kind", ["logits", "norm_weight", "nan_value", "inf_value"])
+@pytest.mark.parametrize("with_lse", [True, False], ids=["with_lse", "out_only"])
+def test_attn_res_non_finite_inputs_match_the_reference(path, onchip_bytes, kind, with_lse):
+    """Outputs and every gradient (each backward kernel: with and without the forward's out and lse) agree
+    with the reference, NaN for NaN and inf for inf."""
+    if kind in ("logits", "norm_weight"):
+        values, query, weight = _ar_extreme(kind)
+    else:
+        values, query, weight = _ar_extreme("none")
+        values[1, 2, 3] = math.nan if kind == "nan_value" else math.inf
+    gen = torch.Generator().manual_seed(9)
+    grad_out, grad_lse = torch.randn(4, 16, generator=gen), torch.randn(4, generator=gen)
+
+    def run(run_path, budget=None):
+        leaves = [t.clone().requires_grad_() for t in (values, query, weight)]
+        with execution_path(run_path, budget):
+            if with_lse:
+                out, lse = torch.ops.fusedops.attn_res_with_lse(*leaves, 1e-6)
+                loss = (out * grad_out).sum() + (lse * grad_lse).sum()
+            else:
+                out = lse = torch.ops.fusedops.attn_res(*leaves, 1e-6)
+                loss = (out * grad_out).sum()
+            return [out.detach(), lse.detach(), *torch.autograd.grad(loss, leaves)]
+
+    for got, ref in zip(run(path, onchip_bytes), run("reference"), strict=True):
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+# ---- float64: every op computes in float64, and gradcheck runs on every path ---------------------------------
+
+F64 = torch.float64
+
+
+def _gradcheck(path: str, fn, inputs) -> None:
+    """torch.autograd.gradcheck; on the interpreter's paths in fast mode (a random projection u^T J v of the
+    Jacobian against finite differences, instead of every entry: 2 evaluations per input, not 2 per element)."""
+    torch.autograd.gradcheck(fn, inputs, fast_mode=path != "reference")
+
+
+def _f64(*shape, seed: int = 0, positive: bool = False) -> torch.Tensor:
+    t = torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=F64)
+    return (t.abs() + 0.5 if positive else t).requires_grad_()
+
+
+def _attn_res_backward_op(saved: bool):
+    """attn_res_with_lse whose backward is the registered op fusedops::attn_res_backward (with the forward's out
+    and lse, the one-pass kernels; without, the kernels that re-derive the softmax), so that gradcheck holds
+    that op itself against finite differences."""
+
+    class Via(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, values, query, weight):
+            out, lse = torch.ops.fusedops.attn_res_with_lse(values, query, weight, 1e-6)
+            ctx.save_for_backward(values, query, weight, out, lse)
+            return out, lse
+
+        @staticmethod
+        def backward(ctx, grad_out, grad_lse):
+            values, query, weight, out, lse = ctx.saved_tensors
+            stats = (out, lse) if saved else (None, None)
+            return torch.ops.fusedops.attn_res_backward(grad_out, values, query, weight, 1e-6, True, True, True,
+                                                        *stats, grad_lse)
+
+    return Via.apply
+
+
+@pytest.mark.parametrize("path, onchip_bytes", _ar_budget_paths())
+def test_attn_res_gradcheck_float64(path, onchip_bytes):
+    """float64 was refused; it now runs in float64 (logits, softmax, lse and sums), so torch.autograd.gradcheck
+    holds every attn_res op and the backward op (each of its kernels: depth tiles, one pass, two phases) to
+    finite differences, on every path and plan."""
+    values, query, weight = _f64(3, 2, 16, seed=1), _f64(16, seed=2), _f64(16, seed=3, positive=True)
+    with execution_path(path, onchip_bytes):
+        out, lse = fusedops.attn_res(values, query, weight, return_lse=True)
+        assert out.dtype == lse.dtype == F64
+        _gradcheck(path, lambda v, q, w: fusedops.attn_res(v, q, w, return_lse=True), (values, query, weight))
+        _gradcheck(path, lambda v, q: torch.ops.fusedops.attn_res(v, q, None, 1e-6), (values, query))
+        for saved in (True, False):
+            _gradcheck(path, _attn_res_backward_op(saved), (values, query, weight))
+
+
+# (spatial, kernel_size, dilation, stride, is_causal, window, query heads, kv heads, on-chip budget)
+NA_GRADCHECK_CASES = {
+    "1d_truncated_gqa": ([6], [3], [1], [1], [False], "truncated", 2, 1, None),
+    "1d_dilated_causal_two_kernels": ([7], [2], [2], [1], [True], "shifted", 1, 1, 4096),
+    "2d_strided": ([3, 4], [2, 3], [1, 1], [1, 2], [False, False], "shifted", 1, 1, None),
+}
+
+
+def _na_backward_op(args: tuple):
+    """neighborhood_attention whose backward is the registered op fusedops::neighborhood_attention_backward."""
+
+    class Via(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            out, lse = torch.ops.fusedops.neighborhood_attention(q, k, v, *args)
+            ctx.save_for_backward(q, k, v, out, lse)
+            return out, lse
+
+        @staticmethod
+        def backward(ctx, grad_out, grad_lse):
+            return torch.ops.fusedops.neighborhood_attention_backward(grad_out, grad_lse, *ctx.saved_tensors, *args)
+
+    return Via.apply
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("case", sorted(NA_GRADCHECK_CASES))
+def test_neighborhood_attention_gradcheck_float64(path, case):
+    """gradcheck of the op (out and lse) and of its backward op in float64, on every path: 1-D with GQA and a
+    truncated window, dilated and causal through the two-kernel backward, 2-D strided."""
+    spatial, ks, dil, st, causal, window, heads, kv_heads, budget = NA_GRADCHECK_CASES[case]
+    q, k, v = (_f64(1, h, *spatial, 8, seed=i) for i, h in enumerate((heads, kv_heads, kv_heads)))
+    args = (ks, dil, st, causal, None, window)
+    with execution_path(path, budget):
+        out, lse = fusedops.neighborhood_attention(q, k, v, *args[:4], window=window, return_lse=True)
+        assert out.dtype == lse.dtype == F64
+        _gradcheck(path, lambda q, k, v: fusedops.neighborhood_attention(q, k, v, *args[:4], window=window,
+                                                                           return_lse=True), (q, k, v))
+        _gradcheck(path, _na_backward_op(args), (q, k, v))
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("padding_idx", [None, 1])
+def test_embedding_gradcheck_float64(path, padding_idx):
+    """gradcheck in float64 on every path of embedding (without padding_idx: a padding row's zero gradient is
+    torch's semantics, not the derivative, as is scale_grad_by_freq's scaling) and of embedding_backward, which
+    is linear in grad_out and differentiable (its backward is the gather again) with padding_idx and
+    scale_grad_by_freq. 20 tokens of one index make the backward split the run (16-token chunks under the
+    interpreter's plans)."""
+    indices = torch.tensor([3] * 20 + [0, 1, 1, 4])
+    weight, grad_out = _f64(5, 4, seed=1), _f64(24, 4, seed=2)
+    with execution_path(path):
+        assert fusedops.embedding(indices, weight).dtype == F64
+        if padding_idx is None:
+            _gradcheck(path, lambda w: fusedops.embedding(indices, w), (weight,))
+        for scale in (False, True):
+            _gradcheck(path, lambda g: torch.ops.fusedops.embedding_backward(g, indices, 5, padding_idx, scale),
+                       (grad_out,))
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS[:1])
+def test_opcheck_float64(path):
+    """torch.library.opcheck of every op on float64 arguments (schema, fake kernel, autograd registration)."""
+    values, query, weight = _f64(3, 2, 16, seed=1), _f64(16, seed=2), _f64(16, seed=3)
+    q, k, v = (_f64(1, 2, 6, 8, seed=i) for i in range(3))
+    na_args = ([3], [1], [1], [False], None, "shifted")
+    weight_e, indices = _f64(5, 4, seed=4), torch.tensor([0, 3, 3, 1])
+    with execution_path(path), opaque_triton_ops():
+        torch.library.opcheck(torch.ops.fusedops.attn_res.default, (values, query, weight, 1e-6))
+        torch.library.opcheck(torch.ops.fusedops.attn_res_with_lse.default, (values, query, weight, 1e-6))
+        out, lse = torch.ops.fusedops.attn_res_with_lse(values.detach(), query.detach(), weight.detach(), 1e-6)
+        plain = (values.detach(), query.detach(), weight.detach(), 1e-6, True, True, True)
+        torch.library.opcheck(torch.ops.fusedops.attn_res_backward.default,
+                              (torch.randn_like(out), *plain, out, lse, torch.randn_like(lse)))
+        torch.library.opcheck(torch.ops.fusedops.neighborhood_attention.default, (q, k, v, *na_args))
+        out, lse = torch.ops.fusedops.neighborhood_attention(q.detach(), k.detach(), v.detach(), *na_args)
+        torch.library.opcheck(torch.ops.fusedops.neighborhood_attention_backward.default,
+                              (torch.randn_like(out), torch.randn_like(lse), q.detach(), k.detach(), v.detach(), out,
+                               lse, *na_args))
+        torch.library.opcheck(torch.ops.fusedops.embedding.default, (weight_e, indices, None, False))
+        torch.library.opcheck(torch.ops.fusedops.embedding_backward.default,
+                              (_f64(4, 4, seed=5), indices, 5, 0, True))
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+def test_float64_runs_the_reference_under_the_ascend_plan(path):
+    """triton-ascend has no float64: under the Ascend plan a float64 call (forward and backward) launches no
+    kernel and gives the reference's result bitwise; under the CUDA plan the kernels run in float64."""
+    from fusedops.attn_res import op as ar_op
+    from fusedops.embedding import op as emb_op
+
+    values, query = _f64(3, 2, 16, seed=1), _f64(16, seed=2)
+    q, k, v = (_f64(1, 2, 6, 8, seed=i) for i in range(3))
+    weight, indices = _f64(5, 4, seed=4), torch.tensor([0, 3, 3, 1])
+
+    def run():
+        outs = [fusedops.attn_res(values, query), fusedops.neighborhood_attention(q, k, v, 3),
+                fusedops.embedding(indices, weight)]
+        grads = torch.autograd.grad(sum(o.sum() for o in outs), (values, query, q, k, v, weight))
+        return [o.detach() for o in outs] + list(grads)
+
+    with execution_path("reference"):
+        want = run()
+    with execution_path(path), recorded_launches(ar_op) as ar, recorded_launches(na_op) as na, \
+            recorded_launches(emb_op) as emb:
+        got = run()
+    assert (len(ar + na + emb) == 0) == (path == "ascend"), [name for name, *_ in ar + na + emb]
+    if path == "ascend":
+        for g, w in zip(got, want):
+            assert torch.equal(g, w)

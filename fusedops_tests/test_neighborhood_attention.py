@@ -627,9 +627,11 @@ BAD_INPUTS = {
     "rank_7": (lambda q, k, v: dict(q=torch.randn(1, 1, 2, 2, 2, 2, 8), k=k, v=v, kernel_size=2),
                r"^q must be \[B, H, \*spatial, D\]"),
     "int_dtype": (lambda q, k, v: dict(q=q, k=k.to(torch.int32), v=v, kernel_size=3),
-                  r"^k must be float32, float16 or bfloat16"),
-    "float64": (lambda q, k, v: dict(q=q.double(), k=k, v=v, kernel_size=3),
-                r"^q must be float32, float16 or bfloat16"),
+                  r"^k must be float32, float16, bfloat16 or float64"),
+    "complex": (lambda q, k, v: dict(q=q.to(torch.complex64), k=k, v=v, kernel_size=3),
+                r"^q must be float32, float16, bfloat16 or float64"),
+    "float64_q_only": (lambda q, k, v: dict(q=q.double(), k=k, v=v, kernel_size=3),
+                       r"^k must have q's dtype torch.float64"),
     "mixed_devices": (lambda q, k, v: dict(q=q, k=k, v=v.to("meta"), kernel_size=3), r"^v is on meta but q is on cpu"),
     "scale_zero": (lambda q, k, v: dict(q=q, k=k, v=v, kernel_size=3, scale=0.0),
                    r"^scale must be positive and finite"),
@@ -1004,7 +1006,7 @@ def test_float32_dots_follow_the_tf32_setting(spatial, kernel):
     def precisions(target, dtype, setting):
         seen = []
         q, k, v = (torch.randn(1, 2, *spatial, 32, dtype=dtype, requires_grad=True) for _ in range(3))
-        with float32_matmul_precision(setting), mock.patch.object(na_op, "target_for", lambda device: target), \
+        with float32_matmul_precision(setting), mock.patch.object(na_op, "target_for", lambda device, dtype=None: target), \
                 mock.patch.object(na_op, "launch", lambda kernel, grid, tensors, args, meta: seen.append(
                     (meta["DOT_FP32"], meta["PRECISION"]))):
             out = fusedops.neighborhood_attention(q, k, v, kernel)

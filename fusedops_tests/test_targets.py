@@ -210,9 +210,10 @@ def test_attn_res_plans_fit():
     from fusedops.attn_res import plan as P
 
     for target in ascend_targets():
-        for tokens, dim, elem, backward in itertools.product(TOKENS, DIMS, (2, 4), (False, True)):
+        for tokens, dim, elem, backward in itertools.product(TOKENS, DIMS, (2, 4, 8), (False, True)):
             plan = P.make_plan(target, tokens, dim, elem, backward=backward)
-            per = P.BACKWARD_BYTES_PER_ELEMENT if backward else P.FORWARD_BYTES_PER_ELEMENT
+            # float64 values (elem 8) keep every on-chip value in float64: twice the fp32 bytes
+            per = (P.BACKWARD_BYTES_PER_ELEMENT if backward else P.FORWARD_BYTES_PER_ELEMENT) * P.acc_scale(elem)
             case = (target.onchip_bytes, tokens, dim, elem, backward, plan)
             assert 1 <= plan.grid <= min(ASCEND_MAX_GRID, target.vector_cores), case
             assert plan.block_t * plan.block_d * per <= target.onchip_bytes, case
@@ -224,22 +225,24 @@ def test_attn_res_plans_fit():
             assert plan.unroll == 1, case
             if backward:
                 stash = P.stash_rows(target, 8, dim, elem)
-                block_d, block_p, grid, rewrite_p = P.reduce_plan(target, dim, plan.grid, stash)
+                acc = 4 * P.acc_scale(elem)
+                block_d, block_p, grid, rewrite_p = P.reduce_plan(target, dim, plan.grid, stash, acc)
                 assert 1 <= grid <= ASCEND_MAX_GRID, case
                 assert not stash or (stash == 1 or dim % block_d == 0) and block_d * 4 % target.row_align == 0, case
                 # (the interpreter's reduction takes 4096-wide rows whatever the budget: not checked)
                 if not target.interpreted:
-                    assert block_p * block_d * 8 <= target.onchip_bytes, case
-                    assert rewrite_p * block_d * 16 <= target.onchip_bytes, case
+                    assert block_p * block_d * 2 * acc <= target.onchip_bytes, case
+                    assert rewrite_p * block_d * 4 * acc <= target.onchip_bytes, case
 
 
 def test_embedding_plans_fit():
     P = pytest.importorskip("fusedops.embedding.plan")
 
     for target in ascend_targets():
-        for rows, dim, elem, backward in itertools.product(TOKENS, DIMS, (2, 4), (False, True)):
+        for rows, dim, elem, backward in itertools.product(TOKENS, DIMS, (2, 4, 8), (False, True)):
             plan = P.make_plan(target, rows, dim, elem, backward=backward)
-            per = (P.BACKWARD_FIXED_BYTES + elem) if backward else (P.FORWARD_FIXED_BYTES + 2 * elem)
+            wide = 8 if elem == 8 else 0  # float64: a float64 accumulator and upcast row
+            per = (P.BACKWARD_FIXED_BYTES + wide + elem) if backward else (P.FORWARD_FIXED_BYTES + 2 * elem)
             case = (target.onchip_bytes, rows, dim, elem, backward, plan)
             assert 1 <= plan.grid <= min(ASCEND_MAX_GRID, target.vector_cores), case
             assert plan.block_rows * plan.block_d * per <= target.onchip_bytes, case
@@ -257,12 +260,13 @@ def test_neighborhood_attention_plans_fit():
     for target in ascend_targets():
         for ndim, spatial_list in shapes.items():
             for spatial, head_dim, dilation, dtype, backward in itertools.product(
-                spatial_list, (16, 32, 64, 128), (1, 2), (torch.float16, torch.float32), (False, True)
+                spatial_list, (16, 32, 64, 128), (1, 2), (torch.float16, torch.float32, torch.float64), (False, True)
             ):
                 dil = (1,) * (3 - ndim) + (dilation,) * ndim
                 plan = P.make_plan(target, spatial, dil, head_dim, head_dim, dtype, ndim, backward=backward)
                 case = (target.onchip_bytes, spatial, head_dim, dilation, dtype, backward, plan)
-                footprint = P._footprint(plan.block_m, plan.block_n, plan.block_d, plan.block_dv, backward)
+                footprint = P._footprint(plan.block_m, plan.block_n, plan.block_d, plan.block_dv, backward,
+                                         P.elem_bytes(dtype))
                 # the Ascend plan keeps tl.dot's M, N, K >= 16 (triton-ascend 3.2's interpreter asserts it)
                 assert min(plan.block_m, plan.block_n, plan.block_d, plan.block_dv) >= P.MIN_DOT, case
                 smallest = plan.block_m // 2 < P.MIN_DOT and plan.block_n // 2 < P.MIN_DOT

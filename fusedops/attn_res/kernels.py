@@ -3,10 +3,16 @@
 Tokens are addressed through up to three strided batch dims (sizes S0 x S1 x S2, strides ST0..ST2),
 so a slice of a preallocated bank or a permuted batch runs without a copy. Offsets are int64;
 depth steps advance pointers by STRIDE_N so no i * stride product can overflow.
+
+Every kernel computes in ACC: float32, or float64 for float64 values (F64), logits, softmax statistics,
+lse and partial sums included. Softmaxes over depth take their exponentials relative to the running max
+(_finite_or_zero), so infinite logits give what torch.softmax and torch.logsumexp give.
 """
 
 import triton
 import triton.language as tl
+
+from fusedops.tl_masks import mask_if
 
 
 @triton.jit
@@ -18,10 +24,10 @@ def _token_rows(t, S1, S2, ST0, ST1, ST2):
 
 
 @triton.jit
-def _folded_query(q_ptr, w_ptr, d, d_mask, HAS_WEIGHT: tl.constexpr):
-    u = tl.load(q_ptr + d, mask=d_mask, other=0.0).to(tl.float32)
+def _folded_query(q_ptr, w_ptr, d, d_mask, HAS_WEIGHT: tl.constexpr, ACC: tl.constexpr):
+    u = tl.load(q_ptr + d, mask=d_mask, other=0.0).to(ACC)
     if HAS_WEIGHT:
-        u = u * tl.load(w_ptr + d, mask=d_mask, other=0.0).to(tl.float32)
+        u = u * tl.load(w_ptr + d, mask=d_mask, other=0.0).to(ACC)
     return u
 
 
@@ -33,11 +39,21 @@ def _row_logit(x, u, D, eps):
 
 
 @triton.jit
+def _finite_or_zero(m):
+    """The reference point of a softmax's exponentials for its (running) max m: m, or 0 where m is +-inf, as
+    torch.logsumexp takes it. With every logit -inf the exponentials are then exp(-inf) = 0, not exp(-inf -
+    -inf) = NaN, so lse = m + log(denom) comes out -inf (and out 0 / 0 = NaN); with a +inf logit lse is
+    +inf: the reference's results, where NaN came out for both."""
+    return tl.where(tl.abs(m) == float("inf"), 0.0, m)
+
+
+@triton.jit
 def _mix(acc, m, denom, x, logit):
     """One online-softmax step of the forward: fold row x with weight exp(logit) into acc."""
     m_new = tl.maximum(m, logit)
-    rescale = tl.exp(m - m_new)
-    p = tl.exp(logit - m_new)
+    ref = _finite_or_zero(m_new)
+    rescale = tl.exp(m - ref)
+    p = tl.exp(logit - ref)
     return acc * rescale[:, None] + p[:, None] * x, m_new, denom * rescale + p
 
 
@@ -46,7 +62,7 @@ def attn_res_fwd_kernel(
     v_ptr, q_ptr, w_ptr, out_ptr, lse_ptr, logits_ptr,
     N, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, eps,
     HAS_WEIGHT: tl.constexpr, ONE_TILE: tl.constexpr, UNROLL: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, F64: tl.constexpr,
 ):
     """out[t] = sum_i softmax_i(rstd_i * <u, v_i[t]>) v_i[t], and lse[t] = logsumexp_i of the logits
     (fp32, [T]), which lets the backward make one pass over values.
@@ -55,28 +71,29 @@ def attn_res_fwd_kernel(
     Otherwise: pass 1 walks D tiles to get the logits (kept in `logits_ptr`, [N, T] fp32), pass 2
     walks D tiles again and sums the weighted rows (the re-read mostly hits L2 / is local on Ascend).
     """
-    eps = tl.cast(eps, tl.float32)  # Inductor passes Python floats as fp64
+    ACC = tl.float64 if F64 else tl.float32
+    eps = tl.cast(eps, ACC)  # Inductor passes Python floats as fp64
     pid = tl.program_id(0)
     num_blocks = tl.cdiv(T, BLOCK_T)
     for block in range(pid, num_blocks, tl.num_programs(0)):
         t = block * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)
         t_mask = t < T
         rows = _token_rows(t, S1, S2, ST0, ST1, ST2)
-        m = tl.full([BLOCK_T], float("-inf"), tl.float32)
-        denom = tl.zeros([BLOCK_T], tl.float32)
+        m = tl.full([BLOCK_T], float("-inf"), ACC)
+        denom = tl.zeros([BLOCK_T], ACC)
         if ONE_TILE:
             d = tl.arange(0, BLOCK_D)
             d_mask = d < D
             mask = t_mask[:, None] & d_mask[None, :]
-            u = _folded_query(q_ptr, w_ptr, d, d_mask, HAS_WEIGHT)
-            acc = tl.zeros([BLOCK_T, BLOCK_D], tl.float32)
+            u = _folded_query(q_ptr, w_ptr, d, d_mask, HAS_WEIGHT, ACC)
+            acc = tl.zeros([BLOCK_T, BLOCK_D], ACC)
             ptrs = v_ptr + rows[:, None] + d[None, :]
             # UNROLL == 2 keeps two independent rows in flight: the loop is latency-bound otherwise.
             for i in range(0, N, UNROLL):
-                x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+                x = tl.load(ptrs, mask=mask, other=0.0).to(ACC)
                 if UNROLL == 2:
                     has_next = i + 1 < N
-                    x_next = tl.load(ptrs + STRIDE_N, mask=mask & has_next, other=0.0).to(tl.float32)
+                    x_next = tl.load(ptrs + STRIDE_N, mask=mask_if(has_next, mask), other=0.0).to(ACC)
                 logit, _ = _row_logit(x, u, D, eps)
                 acc, m, denom = _mix(acc, m, denom, x, logit)
                 if UNROLL == 2:
@@ -90,20 +107,21 @@ def attn_res_fwd_kernel(
             base = v_ptr + rows
             lptrs = logits_ptr + t
             for _ in range(N):
-                sq = tl.zeros([BLOCK_T], tl.float32)
-                dot = tl.zeros([BLOCK_T], tl.float32)
+                sq = tl.zeros([BLOCK_T], ACC)
+                dot = tl.zeros([BLOCK_T], ACC)
                 for d0 in range(0, D, BLOCK_D):
                     d = d0 + tl.arange(0, BLOCK_D)
                     d_mask = d < D
-                    u = _folded_query(q_ptr, w_ptr, d, d_mask, HAS_WEIGHT)
+                    u = _folded_query(q_ptr, w_ptr, d, d_mask, HAS_WEIGHT, ACC)
                     x = tl.load(base[:, None] + d[None, :], mask=t_mask[:, None] & d_mask[None, :], other=0.0)
-                    x = x.to(tl.float32)
+                    x = x.to(ACC)
                     sq += tl.sum(x * x, axis=1)
                     dot += tl.sum(x * u[None, :], axis=1)
                 logit = dot * tl.rsqrt(sq / D + eps)
                 tl.store(lptrs, logit, mask=t_mask)
                 m_new = tl.maximum(m, logit)
-                denom = denom * tl.exp(m - m_new) + tl.exp(logit - m_new)
+                ref = _finite_or_zero(m_new)
+                denom = denom * tl.exp(m - ref) + tl.exp(logit - ref)
                 m = m_new
                 base += STRIDE_N
                 lptrs += T
@@ -112,13 +130,13 @@ def attn_res_fwd_kernel(
             for d0 in range(0, D, BLOCK_D):
                 d = d0 + tl.arange(0, BLOCK_D)
                 mask = t_mask[:, None] & (d < D)[None, :]
-                acc = tl.zeros([BLOCK_T, BLOCK_D], tl.float32)
+                acc = tl.zeros([BLOCK_T, BLOCK_D], ACC)
                 ptrs = v_ptr + rows[:, None] + d[None, :]
                 lptrs = logits_ptr + t
                 for _ in range(N):
                     logit = tl.load(lptrs, mask=t_mask, other=0.0)
                     alpha = tl.exp(logit - m) * inv_denom
-                    x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+                    x = tl.load(ptrs, mask=mask, other=0.0).to(ACC)
                     acc += alpha[:, None] * x
                     ptrs += STRIDE_N
                     lptrs += T
@@ -142,36 +160,38 @@ def _depth_tile(N, D, STRIDE_N, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
 def attn_res_fwd_depth_tile_kernel(
     v_ptr, q_ptr, w_ptr, out_ptr, lse_ptr,
     N, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, eps,
-    HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, F64: tl.constexpr,
 ):
     """attn_res_fwd_kernel's out and lse with all N source rows of one token loaded at once
     ([BLOCK_N, BLOCK_D], BLOCK_N >= N): every row's load is in flight together and the softmax over
     depth is a plain one. Program pid takes tokens pid, pid + grid, ..."""
-    eps = tl.cast(eps, tl.float32)  # Inductor passes Python floats as fp64
+    ACC = tl.float64 if F64 else tl.float32
+    eps = tl.cast(eps, ACC)  # Inductor passes Python floats as fp64
     pid = tl.program_id(0)
     d, d_mask, n, n_mask, mask, src = _depth_tile(N, D, STRIDE_N, BLOCK_N, BLOCK_D)
-    u = _folded_query(q_ptr, w_ptr, d, d_mask, HAS_WEIGHT)
+    u = _folded_query(q_ptr, w_ptr, d, d_mask, HAS_WEIGHT, ACC)
     for token in range(pid, T, tl.num_programs(0)):
         t = token + tl.arange(0, 1).to(tl.int64)  # [1]: the token as a tensor, on every frontend
         x = tl.load(v_ptr + _token_rows(t, S1, S2, ST0, ST1, ST2)[:, None] + src, mask=mask, other=0.0)
-        x = x.to(tl.float32)
+        x = x.to(ACC)
         logit, _ = _row_logit(x, u, D, eps)
         s = tl.where(n_mask, logit, float("-inf"))
         m = tl.max(s, axis=0)
-        p = tl.exp(s - m)
+        p = tl.exp(s - _finite_or_zero(m))
         denom = tl.sum(p, axis=0)
         out = tl.sum((p / denom)[:, None] * x, axis=0)
         tl.store(out_ptr + (t * D)[:, None] + d[None, :], out[None, :].to(out_ptr.dtype.element_ty),
                  mask=d_mask[None, :])
-        tl.store(lse_ptr + t, tl.zeros([1], tl.float32) + (m + tl.log(denom)))
+        tl.store(lse_ptr + t, tl.zeros([1], ACC) + (m + tl.log(denom)))
 
 
 @triton.jit
 def _softmax_step(m, denom, g_out, logit, gv):
     """Online softmax over depth of the backward: running max, denominator and sum of p * <g, v>."""
     m_new = tl.maximum(m, logit)
-    rescale = tl.exp(m - m_new)
-    p = tl.exp(logit - m_new)
+    ref = _finite_or_zero(m_new)
+    rescale = tl.exp(m - ref)
+    p = tl.exp(logit - ref)
     return m_new, denom * rescale + p, g_out * rescale + p * gv
 
 
@@ -186,8 +206,9 @@ def _grad_row(x, g, u, logit, rstd, gv, lse, g_out, D):
     """(dL/dv_i, coef_i = ds_i * rstd_i, alpha_i, k_i) of one source row (see _row_grad). lse >= every
     logit, so the clamp changes nothing for a real row; a masked-off row (logit 0, rstd 0) then weighs
     at most 1 instead of overflowing exp(0 - lse) to inf when every logit is below -88, which would turn
-    its zero terms into NaN."""
-    alpha = tl.exp(tl.minimum(logit - lse, 0.0))
+    its zero terms into NaN. A select, not tl.minimum, whose NaN handling differs by backend: a NaN
+    logit or lse gives alpha NaN (the reference's softmax), not 1 (a GPU's min(NaN, 0) is 0)."""
+    alpha = tl.exp(tl.where(logit - lse > 0.0, 0.0, logit - lse))
     coef = alpha * (gv - g_out) * rstd
     k = logit * rstd / D
     return _row_grad(alpha, coef, k, x, g, u), coef, alpha, k
@@ -238,7 +259,7 @@ def attn_res_bwd_kernel(
     N, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, STAT_PLANE, DV_STEP, LAST_N, LAST_STAT, LAST_DV, eps,
     HAS_WEIGHT: tl.constexpr, HAS_DLSE: tl.constexpr, NEED_DV: tl.constexpr, NEED_DU: tl.constexpr,
     ONE_TILE: tl.constexpr,
-    UNROLL: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+    UNROLL: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, F64: tl.constexpr,
 ):
     """Gradients of attn_res for a persistent program's token blocks, without the forward's statistics.
 
@@ -254,7 +275,8 @@ def attn_res_bwd_kernel(
     STAT_PLANE = N * T and DV_STEP = T * D are passed from the host so they cannot overflow int32;
     LAST_N, LAST_STAT, LAST_DV: offsets of depth N-1 in values, one stats plane, and grad_values.
     """
-    eps = tl.cast(eps, tl.float32)  # Inductor passes Python floats as fp64
+    ACC = tl.float64 if F64 else tl.float32
+    eps = tl.cast(eps, ACC)  # Inductor passes Python floats as fp64
     pid = tl.program_id(0)
     num_blocks = tl.cdiv(T, BLOCK_T)
     for block in range(pid, num_blocks, tl.num_programs(0)):
@@ -262,22 +284,22 @@ def attn_res_bwd_kernel(
         t_mask = t < T
         rows = _token_rows(t, S1, S2, ST0, ST1, ST2)
         g_rows = g_ptr + t * D
-        m = tl.full([BLOCK_T], float("-inf"), tl.float32)
-        denom = tl.zeros([BLOCK_T], tl.float32)
-        g_out = tl.zeros([BLOCK_T], tl.float32)
+        m = tl.full([BLOCK_T], float("-inf"), ACC)
+        denom = tl.zeros([BLOCK_T], ACC)
+        g_out = tl.zeros([BLOCK_T], ACC)
         sptrs = stats_ptr + t
         if ONE_TILE:
             d = tl.arange(0, BLOCK_D)
             d_mask = d < D
             mask = t_mask[:, None] & d_mask[None, :]
-            u = _folded_query(q_ptr, w_ptr, d, d_mask, HAS_WEIGHT)
-            g = tl.load(g_rows[:, None] + d[None, :], mask=mask, other=0.0).to(tl.float32)
+            u = _folded_query(q_ptr, w_ptr, d, d_mask, HAS_WEIGHT, ACC)
+            g = tl.load(g_rows[:, None] + d[None, :], mask=mask, other=0.0).to(ACC)
             ptrs = v_ptr + rows[:, None] + d[None, :]
             for i in range(0, N, UNROLL):
-                x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+                x = tl.load(ptrs, mask=mask, other=0.0).to(ACC)
                 if UNROLL == 2:
                     has_next = i + 1 < N
-                    x_next = tl.load(ptrs + STRIDE_N, mask=mask & has_next, other=0.0).to(tl.float32)
+                    x_next = tl.load(ptrs + STRIDE_N, mask=mask_if(has_next, mask), other=0.0).to(ACC)
                 logit, rstd = _row_logit(x, u, D, eps)
                 gv = tl.sum(x * g, axis=1)
                 tl.store(sptrs, logit, mask=t_mask)
@@ -287,7 +309,7 @@ def attn_res_bwd_kernel(
                 if UNROLL == 2:
                     logit, rstd = _row_logit(x_next, u, D, eps)
                     gv = tl.sum(x_next * g, axis=1)
-                    next_mask = t_mask & has_next
+                    next_mask = mask_if(has_next, t_mask)
                     tl.store(sptrs + T, logit, mask=next_mask)
                     tl.store(sptrs + T + STAT_PLANE, rstd, mask=next_mask)
                     tl.store(sptrs + T + 2 * STAT_PLANE, gv, mask=next_mask)
@@ -298,19 +320,19 @@ def attn_res_bwd_kernel(
             if HAS_DLSE:  # d lse / d s_i = alpha_i: a gradient of lse shifts every ds_i by alpha_i * g_lse
                 g_out -= tl.load(glse_ptr + t, mask=t_mask, other=0.0)
             lse = m + tl.log(denom)
-            du = tl.zeros([BLOCK_D], tl.float32)
+            du = tl.zeros([BLOCK_D], ACC)
             ptrs = v_ptr + LAST_N + rows[:, None] + d[None, :]
             dptrs = dv_ptr + LAST_DV + t[:, None] * D + d[None, :]
             sptrs = stats_ptr + LAST_STAT + t
             for j in range(0, N, UNROLL):
-                x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+                x = tl.load(ptrs, mask=mask, other=0.0).to(ACC)
                 logit = tl.load(sptrs, mask=t_mask, other=0.0)
                 rstd = tl.load(sptrs + STAT_PLANE, mask=t_mask, other=0.0)
                 gv = tl.load(sptrs + 2 * STAT_PLANE, mask=t_mask, other=0.0)
                 if UNROLL == 2:
                     has_prev = j + 1 < N
                     prev_mask = t_mask & has_prev
-                    x_prev = tl.load(ptrs - STRIDE_N, mask=mask & has_prev, other=0.0).to(tl.float32)
+                    x_prev = tl.load(ptrs - STRIDE_N, mask=mask & has_prev, other=0.0).to(ACC)
                     logit_prev = tl.load(sptrs - T, mask=prev_mask, other=0.0)
                     rstd_prev = tl.load(sptrs - T + STAT_PLANE, mask=prev_mask, other=0.0)
                     gv_prev = tl.load(sptrs - T + 2 * STAT_PLANE, mask=prev_mask, other=0.0)
@@ -334,16 +356,16 @@ def attn_res_bwd_kernel(
         else:
             base = v_ptr + rows
             for _source in range(N):  # not `_`: the body unpacks into `_` (Triton 3.2: one variable, two types)
-                sq = tl.zeros([BLOCK_T], tl.float32)
-                dot = tl.zeros([BLOCK_T], tl.float32)
-                gv = tl.zeros([BLOCK_T], tl.float32)
+                sq = tl.zeros([BLOCK_T], ACC)
+                dot = tl.zeros([BLOCK_T], ACC)
+                gv = tl.zeros([BLOCK_T], ACC)
                 for d0 in range(0, D, BLOCK_D):
                     d = d0 + tl.arange(0, BLOCK_D)
                     d_mask = d < D
                     mask = t_mask[:, None] & d_mask[None, :]
-                    u = _folded_query(q_ptr, w_ptr, d, d_mask, HAS_WEIGHT)
-                    x = tl.load(base[:, None] + d[None, :], mask=mask, other=0.0).to(tl.float32)
-                    g = tl.load(g_rows[:, None] + d[None, :], mask=mask, other=0.0).to(tl.float32)
+                    u = _folded_query(q_ptr, w_ptr, d, d_mask, HAS_WEIGHT, ACC)
+                    x = tl.load(base[:, None] + d[None, :], mask=mask, other=0.0).to(ACC)
+                    g = tl.load(g_rows[:, None] + d[None, :], mask=mask, other=0.0).to(ACC)
                     sq += tl.sum(x * x, axis=1)
                     dot += tl.sum(x * u[None, :], axis=1)
                     gv += tl.sum(x * g, axis=1)
@@ -363,9 +385,9 @@ def attn_res_bwd_kernel(
                 d = d0 + tl.arange(0, BLOCK_D)
                 d_mask = d < D
                 mask = t_mask[:, None] & d_mask[None, :]
-                u = _folded_query(q_ptr, w_ptr, d, d_mask, HAS_WEIGHT)
-                g = tl.load(g_rows[:, None] + d[None, :], mask=mask, other=0.0).to(tl.float32)
-                du = tl.zeros([BLOCK_D], tl.float32)
+                u = _folded_query(q_ptr, w_ptr, d, d_mask, HAS_WEIGHT, ACC)
+                g = tl.load(g_rows[:, None] + d[None, :], mask=mask, other=0.0).to(ACC)
+                du = tl.zeros([BLOCK_D], ACC)
                 ptrs = v_ptr + LAST_N + rows[:, None] + d[None, :]
                 dptrs = dv_ptr + LAST_DV + t[:, None] * D + d[None, :]
                 sptrs = stats_ptr + LAST_STAT + t
@@ -373,7 +395,7 @@ def attn_res_bwd_kernel(
                     logit = tl.load(sptrs, mask=t_mask, other=0.0)
                     rstd = tl.load(sptrs + STAT_PLANE, mask=t_mask, other=0.0)
                     gv = tl.load(sptrs + 2 * STAT_PLANE, mask=t_mask, other=0.0)
-                    x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+                    x = tl.load(ptrs, mask=mask, other=0.0).to(ACC)
                     dx, coef, _, _ = _grad_row(x, g, u, logit, rstd, gv, lse, g_out, D)
                     if NEED_DV:
                         tl.store(dptrs, dx.to(dv_ptr.dtype.element_ty), mask=mask)
@@ -438,7 +460,7 @@ def attn_res_bwd_onepass_kernel(
     N, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, DV_STEP, eps,
     HAS_WEIGHT: tl.constexpr, HAS_DLSE: tl.constexpr, NEED_DV: tl.constexpr, NEED_DU: tl.constexpr,
     DEFER: tl.constexpr, UNROLL: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
-    STASH: tl.constexpr, STASH_BLOCK: tl.constexpr,
+    STASH: tl.constexpr, STASH_BLOCK: tl.constexpr, F64: tl.constexpr,
 ):
     """Gradients of attn_res in one pass over values, given the forward's out and lse.
 
@@ -459,7 +481,8 @@ def attn_res_bwd_onepass_kernel(
     to grad_values instead (_store_partial; every program has a token) and partial_ptr keeps the scalars
     of the rows it overwrites.
     """
-    eps = tl.cast(eps, tl.float32)  # Inductor passes Python floats as fp64
+    ACC = tl.float64 if F64 else tl.float32
+    eps = tl.cast(eps, ACC)  # Inductor passes Python floats as fp64
     pid = tl.program_id(0)
     d = tl.arange(0, BLOCK_D)
     d_mask = d < D
@@ -467,10 +490,10 @@ def attn_res_bwd_onepass_kernel(
     # traced kernel walks back from each store's address through helper calls (not through loads), and
     # the waiting rows' addresses derive from u; through a call it would count query and norm_weight as
     # written, which torch.compile then refuses for leaf inputs ("leaf Variable ... in-place operation").
-    u = tl.load(q_ptr + d, mask=d_mask, other=0.0).to(tl.float32)
+    u = tl.load(q_ptr + d, mask=d_mask, other=0.0).to(ACC)
     if HAS_WEIGHT:
-        u = u * tl.load(w_ptr + d, mask=d_mask, other=0.0).to(tl.float32)
-    du = tl.zeros([BLOCK_D], tl.float32)
+        u = u * tl.load(w_ptr + d, mask=d_mask, other=0.0).to(ACC)
+    du = tl.zeros([BLOCK_D], ACC)
     for block in range(pid, tl.cdiv(T, BLOCK_T), tl.num_programs(0)):
         t = block * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)
         t_mask = t < T
@@ -478,28 +501,29 @@ def attn_res_bwd_onepass_kernel(
         io = t[:, None] * D + d[None, :]
         row0 = _token_rows(t, S1, S2, ST0, ST1, ST2)  # [BLOCK_T] offsets: no pointer tile is loop-carried
         g = tl.load(g_ptr + io, mask=mask, other=0.0)
-        g_out = tl.sum(g.to(tl.float32) * tl.load(out_ptr + io, mask=mask, other=0.0).to(tl.float32), axis=1)
-        g_lse = tl.zeros([BLOCK_T], tl.float32)
+        g_out = tl.sum(g.to(ACC) * tl.load(out_ptr + io, mask=mask, other=0.0).to(ACC), axis=1)
+        g_lse = tl.zeros([BLOCK_T], ACC)
         if HAS_DLSE:
             g_lse = tl.load(glse_ptr + t, mask=t_mask, other=0.0)
         g_out -= g_lse
         lse = tl.load(lse_ptr + t, mask=t_mask, other=0.0)
-        g_out_exact = tl.zeros([BLOCK_T], tl.float32)
+        g_out_exact = tl.zeros([BLOCK_T], ACC)
         count = tl.zeros([BLOCK_T], tl.int32)
         slot_i = tl.zeros([BLOCK_T, MAX_DEFERRED], tl.int32)
-        slot_s = tl.zeros([BLOCK_T, MAX_DEFERRED], tl.float32)
-        slot_r = tl.zeros([BLOCK_T, MAX_DEFERRED], tl.float32)
-        slot_gv = tl.zeros([BLOCK_T, MAX_DEFERRED], tl.float32)
+        slot_s = tl.zeros([BLOCK_T, MAX_DEFERRED], ACC)
+        slot_r = tl.zeros([BLOCK_T, MAX_DEFERRED], ACC)
+        slot_gv = tl.zeros([BLOCK_T, MAX_DEFERRED], ACC)
         early_sum = tl.zeros([BLOCK_T, BLOCK_D], tl.float16)
         src = row0
         dst = t * D
         first = t == pid * BLOCK_T  # the program's first token, where the stash goes
         # UNROLL == 2 keeps two independent rows in flight: the loop is latency-bound otherwise.
         for i in range(0, N, UNROLL):
-            x = tl.load(v_ptr + src[:, None] + d[None, :], mask=mask, other=0.0).to(tl.float32)
+            x = tl.load(v_ptr + src[:, None] + d[None, :], mask=mask, other=0.0).to(ACC)
             if UNROLL == 2:
                 has_next = i + 1 < N
-                x_next = tl.load(v_ptr + (src + STRIDE_N)[:, None] + d[None, :], mask=mask & has_next, other=0.0)
+                x_next = tl.load(v_ptr + (src + STRIDE_N)[:, None] + d[None, :], mask=mask_if(has_next, mask),
+                                 other=0.0)
             dx, coef, written, early, count, slot_i, slot_s, slot_r, slot_gv, g_out_exact, alpha, k = _one_pass_row(
                 x, t_mask, i, g, u, lse, g_out, D, eps, count, slot_i, slot_s, slot_r, slot_gv, g_out_exact, DEFER)
             if NEED_DV:
@@ -515,10 +539,10 @@ def attn_res_bwd_onepass_kernel(
                 if DEFER:
                     early_sum = (early_sum + early[:, None] * x).to(tl.float16)
             if UNROLL == 2:
-                x_next = x_next.to(tl.float32)
+                x_next = x_next.to(ACC)
                 dx, coef, written, early, count, slot_i, slot_s, slot_r, slot_gv, g_out_exact, alpha, k = (
-                    _one_pass_row(x_next, t_mask & has_next, i + 1, g, u, lse, g_out, D, eps, count, slot_i, slot_s,
-                                  slot_r, slot_gv, g_out_exact, DEFER))
+                    _one_pass_row(x_next, mask_if(has_next, t_mask), i + 1, g, u, lse, g_out, D, eps, count,
+                                  slot_i, slot_s, slot_r, slot_gv, g_out_exact, DEFER))
                 if NEED_DV:
                     tl.store(dv_ptr + (dst + DV_STEP)[:, None] + d[None, :], dx.to(dv_ptr.dtype.element_ty),
                              mask=mask & written[:, None])
@@ -543,7 +567,7 @@ def attn_res_bwd_onepass_kernel(
                 j2, logit2, rstd2, gv2 = _waiting_row(w + 1, slot_i, slot_s, slot_r, slot_gv)
                 ok = mask & (w < count)[:, None]
                 ok2 = mask & (w + 1 < count)[:, None]
-                x = tl.load(v_ptr + (row0 + j * STRIDE_N)[:, None] + d[None, :], mask=ok, other=0.0).to(tl.float32)
+                x = tl.load(v_ptr + (row0 + j * STRIDE_N)[:, None] + d[None, :], mask=ok, other=0.0).to(ACC)
                 x2 = tl.load(v_ptr + (row0 + j2 * STRIDE_N)[:, None] + d[None, :], mask=ok2, other=0.0)
                 dx, coef, alpha, k = _grad_row(x, g, u, logit, rstd, gv, lse, g_out_exact, D)
                 if NEED_DV:
@@ -555,7 +579,7 @@ def attn_res_bwd_onepass_kernel(
                                               STASH)
                 if NEED_DU:
                     du += tl.sum(coef[:, None] * x, axis=0)  # x is 0 where no row waits
-                x2 = x2.to(tl.float32)
+                x2 = x2.to(ACC)
                 dx, coef, alpha, k = _grad_row(x2, g, u, logit2, rstd2, gv2, lse, g_out_exact, D)
                 if NEED_DV:
                     tl.store(dv_ptr + (t * D + j2 * DV_STEP)[:, None] + d[None, :], dx.to(dv_ptr.dtype.element_ty),
@@ -576,7 +600,7 @@ def attn_res_bwd_depth_tile_kernel(
     g_ptr, glse_ptr, v_ptr, q_ptr, w_ptr, dv_ptr, partial_ptr,
     N, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, DV_STEP, eps,
     HAS_WEIGHT: tl.constexpr, HAS_DLSE: tl.constexpr, NEED_DV: tl.constexpr, NEED_DU: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, STASH: tl.constexpr, STASH_BLOCK: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, STASH: tl.constexpr, STASH_BLOCK: tl.constexpr, F64: tl.constexpr,
 ):
     """Gradients of attn_res with all N source rows of one token on chip at once ([BLOCK_N, BLOCK_D],
     BLOCK_N >= N): the softmax over depth is exact in fp32 from the rows themselves, so neither the
@@ -584,21 +608,22 @@ def attn_res_bwd_depth_tile_kernel(
     Persistent: program pid takes tokens pid, pid + grid, ... and writes its row of fp32 partial sums
     of the query/weight gradient (partial_ptr, [grid, D]; with STASH > 0 in grad_values, as in the
     one-pass kernel)."""
-    eps = tl.cast(eps, tl.float32)  # Inductor passes Python floats as fp64
+    ACC = tl.float64 if F64 else tl.float32
+    eps = tl.cast(eps, ACC)  # Inductor passes Python floats as fp64
     pid = tl.program_id(0)
     d, d_mask, n, n_mask, mask, src = _depth_tile(N, D, STRIDE_N, BLOCK_N, BLOCK_D)
-    u = _folded_query(q_ptr, w_ptr, d, d_mask, HAS_WEIGHT)
-    du = tl.zeros([BLOCK_D], tl.float32)
+    u = _folded_query(q_ptr, w_ptr, d, d_mask, HAS_WEIGHT, ACC)
+    du = tl.zeros([BLOCK_D], ACC)
     dst = n.to(tl.int64)[:, None] * DV_STEP + d[None, :]
     for token in range(pid, T, tl.num_programs(0)):
         t = token + tl.arange(0, 1).to(tl.int64)  # [1]: the token as a tensor, on every frontend
-        g = tl.load(g_ptr + t[:, None] * D + d[None, :], mask=d_mask[None, :], other=0.0).to(tl.float32)
+        g = tl.load(g_ptr + t[:, None] * D + d[None, :], mask=d_mask[None, :], other=0.0).to(ACC)
         x = tl.load(v_ptr + _token_rows(t, S1, S2, ST0, ST1, ST2)[:, None] + src, mask=mask, other=0.0)
-        x = x.to(tl.float32)
+        x = x.to(ACC)
         logit, rstd = _row_logit(x, u, D, eps)
         gv = tl.sum(x * g, axis=1)
         s = tl.where(n_mask, logit, float("-inf"))
-        p = tl.exp(s - tl.max(s, axis=0))
+        p = tl.exp(s - _finite_or_zero(tl.max(s, axis=0)))
         alpha = p / tl.sum(p, axis=0)
         # d loss / d logit_i = alpha_i * (<g, v_i> - <g, out> + grad_lse)
         g_out = tl.sum(alpha * gv, axis=0)
@@ -623,7 +648,7 @@ def attn_res_param_grad_kernel(
     partial_ptr, q_ptr, w_ptr, dq_ptr, dw_ptr, g_ptr, v_ptr, dv_ptr,
     P, D, T0_STEP, S1, S2, ST0, ST1, ST2, STRIDE_N, DV_STEP,
     HAS_WEIGHT: tl.constexpr, NEED_DQ: tl.constexpr, NEED_DW: tl.constexpr, STASH: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, REWRITE_P: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, REWRITE_P: tl.constexpr, F64: tl.constexpr,
 ):
     """du = sum over programs of the partial rows, in a fixed order; dq = du * w, dw = du * q.
 
@@ -632,12 +657,13 @@ def attn_res_param_grad_kernel(
     program reads its BLOCK_D columns of the stash and then rewrites exactly those columns of those rows
     with their gradients (g and v are grad_out and values, v walked as in the backward kernels),
     REWRITE_P tokens at a time."""
+    ACC = tl.float64 if F64 else tl.float32
     pid = tl.program_id(0)
     stash = dv_ptr.to(tl.pointer_type(tl.float32), bitcast=True)
     for d0 in range(pid * BLOCK_D, D, tl.num_programs(0) * BLOCK_D):
         d = d0 + tl.arange(0, BLOCK_D)
         d_mask = d < D
-        du = tl.zeros([BLOCK_D], tl.float32)
+        du = tl.zeros([BLOCK_D], ACC)
         for p0 in range(0, P, BLOCK_P):
             p = p0 + tl.arange(0, BLOCK_P)
             mask = (p < P)[:, None] & d_mask[None, :]
@@ -650,20 +676,20 @@ def attn_res_param_grad_kernel(
         if NEED_DQ:
             dq = du
             if HAS_WEIGHT:
-                dq = du * tl.load(w_ptr + d, mask=d_mask, other=0.0).to(tl.float32)
+                dq = du * tl.load(w_ptr + d, mask=d_mask, other=0.0).to(ACC)
             tl.store(dq_ptr + d, dq.to(dq_ptr.dtype.element_ty), mask=d_mask)
         if NEED_DW:
-            dw = du * tl.load(q_ptr + d, mask=d_mask, other=0.0).to(tl.float32)
+            dw = du * tl.load(q_ptr + d, mask=d_mask, other=0.0).to(ACC)
             tl.store(dw_ptr + d, dw.to(dw_ptr.dtype.element_ty), mask=d_mask)
         if STASH > 0:
             tl.debug_barrier()  # every thread has read its part of the stash before any row is rewritten
-            u = _folded_query(q_ptr, w_ptr, d, d_mask, HAS_WEIGHT)
+            u = _folded_query(q_ptr, w_ptr, d, d_mask, HAS_WEIGHT, ACC)
             for p0 in range(0, P, REWRITE_P):
                 p = p0 + tl.arange(0, REWRITE_P)
                 p_ok = p < P
                 mask = p_ok[:, None] & d_mask[None, :]
                 t = p.to(tl.int64) * T0_STEP
-                g = tl.load(g_ptr + t[:, None] * D + d[None, :], mask=mask, other=0.0).to(tl.float32)
+                g = tl.load(g_ptr + t[:, None] * D + d[None, :], mask=mask, other=0.0).to(ACC)
                 src = _token_rows(t, S1, S2, ST0, ST1, ST2)
                 for r in tl.static_range(STASH):
                     x = tl.load(v_ptr + (src + r * STRIDE_N)[:, None] + d[None, :], mask=mask, other=0.0)
@@ -671,6 +697,6 @@ def attn_res_param_grad_kernel(
                     alpha = tl.load(at, mask=p_ok, other=0.0)
                     coef = tl.load(at + 1, mask=p_ok, other=0.0)
                     k = tl.load(at + 2, mask=p_ok, other=0.0)
-                    dx = _row_grad(alpha, coef, k, x.to(tl.float32), g, u)
+                    dx = _row_grad(alpha, coef, k, x.to(ACC), g, u)
                     tl.store(dv_ptr + (r * DV_STEP + t * D)[:, None] + d[None, :], dx.to(dv_ptr.dtype.element_ty),
                              mask=mask)

@@ -13,7 +13,7 @@ from .op import attn_res
 class AttnRes(nn.Module):
     """Mixes N depth sources [N, *batch, dim] into [*batch, dim] with a softmax over depth
     (`fusedops.attn_res`). Parameters query and norm_weight [dim] are float32 unless dtype says
-    otherwise; values may be float32, float16 or bfloat16 whatever the parameters' dtype, and the
+    otherwise; values may be float32, float16, bfloat16 or float64 whatever the parameters' dtype, and the
     output has values' dtype.
 
     The pseudo-query starts at zero, as the AttnRes paper requires, so a fresh module is a uniform

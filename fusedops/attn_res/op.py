@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from fusedops.launch import launch
+from fusedops.numerics import accumulate_dtype
 from fusedops.layout import MAX_BATCH_DIMS, batch_walk, collapse_dims, unit_last_stride
 from fusedops.registry import backward_direct_ok, call_direct, direct_autograd, direct_call_ok, fused_op
 from fusedops.targets import Target, target_for
@@ -84,7 +85,7 @@ def _forward(
 ) -> tuple[Tensor, Tensor]:
     n, dim = values.shape[0], values.shape[-1]
     out = values.new_empty(values.shape[1:])
-    lse = values.new_empty(values.shape[1:-1], dtype=torch.float32)
+    lse = values.new_empty(values.shape[1:-1], dtype=accumulate_dtype(values.dtype))
     tokens = out.numel() // dim
     if tokens == 0:
         return out, lse
@@ -93,16 +94,18 @@ def _forward(
     plan = plan or forward_plan(target, tokens, n, dim, values.element_size())
     weight = query if norm_weight is None else norm_weight
     walk = (n, tokens, dim, s1, s2, st0, st1, st2, values.stride(0), eps)
+    f64 = values.dtype == torch.float64
     if plan.block_n:
         launch(attn_res_fwd_depth_tile_kernel, (plan.grid,), (values, query, weight, out, lse), walk,
-               dict(HAS_WEIGHT=norm_weight is not None, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d,
+               dict(HAS_WEIGHT=norm_weight is not None, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d, F64=f64,
                     num_warps=plan.num_warps))
         return out, lse
-    logits = out if plan.one_tile else values.new_empty((n, tokens), dtype=torch.float32)
+    logits = out if plan.one_tile else values.new_empty((n, tokens), dtype=lse.dtype)
     launch(
         attn_res_fwd_kernel, (plan.grid,), (values, query, weight, out, lse, logits), walk,
         dict(HAS_WEIGHT=norm_weight is not None, ONE_TILE=plan.one_tile, UNROLL=plan.unroll,
-             BLOCK_T=plan.block_t, BLOCK_D=plan.block_d, num_warps=plan.num_warps, num_stages=plan.num_stages),
+             BLOCK_T=plan.block_t, BLOCK_D=plan.block_d, F64=f64, num_warps=plan.num_warps,
+             num_stages=plan.num_stages),
     )
     return out, lse
 
@@ -152,8 +155,9 @@ def _backward(
     programs = plan.grid if tokens else 1
     stash = stash_rows(target, n, dim, values.element_size()) if writes_once and need_values and need_du else 0
     rows = (programs + 1, stash, 3) if stash else (programs, dim) if need_du else (1,)  # + 1: see _keep_row_scalars
-    partial = (values.new_empty if writes_once else values.new_zeros)(rows, dtype=torch.float32)
-    block_d, block_p, reduce_grid, rewrite_p = reduce_plan(target, dim, programs, stash)
+    acc = accumulate_dtype(values.dtype)
+    partial = (values.new_empty if writes_once else values.new_zeros)(rows, dtype=acc)
+    block_d, block_p, reduce_grid, rewrite_p = reduce_plan(target, dim, programs, stash, acc.itemsize)
     if tokens:
         grad_out = grad_out.contiguous()
         s1, s2, st0, st1, st2 = _walk(values)
@@ -161,7 +165,8 @@ def _backward(
         dv = grad_values if need_values else grad_out
         glse = grad_out if grad_lse is None else grad_lse.contiguous()
         flags = dict(HAS_WEIGHT=norm_weight is not None, HAS_DLSE=grad_lse is not None, NEED_DV=need_values,
-                     NEED_DU=need_du, BLOCK_D=plan.block_d, num_warps=plan.num_warps, num_stages=plan.num_stages)
+                     NEED_DU=need_du, BLOCK_D=plan.block_d, F64=acc == torch.float64, num_warps=plan.num_warps,
+                     num_stages=plan.num_stages)
         # Always passed: torch.compile's wrap_triton takes no defaults for constexpr parameters.
         stash_flags = dict(STASH=stash, STASH_BLOCK=block_d if stash else 2)
         if plan.block_n:
@@ -176,10 +181,10 @@ def _backward(
                 attn_res_bwd_onepass_kernel, (plan.grid,),
                 (grad_out, glse, out.contiguous(), lse.contiguous(), values, query, weight, dv, partial),
                 (n, tokens, dim, s1, s2, st0, st1, st2, values.stride(0), tokens * dim, eps),
-                dict(flags, DEFER=out.dtype != torch.float32, UNROLL=plan.unroll, BLOCK_T=plan.block_t, **stash_flags),
+                dict(flags, DEFER=out.element_size() == 2, UNROLL=plan.unroll, BLOCK_T=plan.block_t, **stash_flags),
             )
         else:
-            stats = values.new_empty((3, n, tokens), dtype=torch.float32)
+            stats = values.new_empty((3, n, tokens), dtype=acc)
             launch(
                 attn_res_bwd_kernel, (plan.grid,),
                 (grad_out, glse, values, query, weight, dv, partial, stats),
@@ -198,14 +203,14 @@ def _backward(
              grad_query if need_query else partial, grad_weight if need_norm_weight else partial, *rows_from),
             (programs, dim, *walk),
             dict(HAS_WEIGHT=norm_weight is not None, NEED_DQ=need_query, NEED_DW=need_norm_weight, STASH=stash,
-                 BLOCK_P=block_p, BLOCK_D=block_d, REWRITE_P=rewrite_p),
+                 BLOCK_P=block_p, BLOCK_D=block_d, REWRITE_P=rewrite_p, F64=acc == torch.float64),
         )
     return grad_values, grad_query, grad_weight
 
 
 def _run(values: Tensor, query: Tensor, norm_weight: Optional[Tensor], eps: float) -> tuple[Tensor, Tensor]:
     """(out, lse) on checked arguments: kernels under the device's plan, or the reference."""
-    target = target_for(values.device)
+    target = target_for(values.device, values.dtype)
     if target is None:
         return reference.attn_res(values, query, norm_weight, eps)
     return _forward(values, query, norm_weight, eps, target)
@@ -213,7 +218,7 @@ def _run(values: Tensor, query: Tensor, norm_weight: Optional[Tensor], eps: floa
 
 def _run_backward(grad_out, values, query, norm_weight, eps, need_values, need_query, need_norm_weight,
                   out=None, lse=None, grad_lse=None):
-    target = target_for(values.device)
+    target = target_for(values.device, values.dtype)
     if target is None:
         grads = reference.attn_res_backward(
             grad_out, values, query, norm_weight, eps, need_values, need_query, need_norm_weight, grad_lse
@@ -245,14 +250,14 @@ def attn_res_with_lse_op(
 
 def check_backward_args(values: Tensor, grad_out: Tensor, out: Optional[Tensor], lse: Optional[Tensor],
                         grad_lse: Optional[Tensor]) -> None:
-    """grad_out and out [*batch, D] in values' dtype, lse and grad_lse [*batch] float32, all on values'
-    device (check_args has checked values)."""
+    """grad_out and out [*batch, D] in values' dtype, lse and grad_lse [*batch] float32 (float64 for float64
+    values), all on values' device (check_args has checked values)."""
     if (out is None) != (lse is None):
         raise ValueError("out and lse come together (both from attn_res_with_lse) or not at all")
     check_tensor("grad_out", grad_out, values.dtype, values.shape[1:])
     check_tensor("out", out, values.dtype, values.shape[1:], optional=True)
-    check_tensor("lse", lse, torch.float32, values.shape[1:-1], optional=True)
-    check_tensor("grad_lse", grad_lse, torch.float32, values.shape[1:-1], optional=True)
+    check_tensor("lse", lse, accumulate_dtype(values.dtype), values.shape[1:-1], optional=True)
+    check_tensor("grad_lse", grad_lse, accumulate_dtype(values.dtype), values.shape[1:-1], optional=True)
     check_same_device([("values", values), ("grad_out", grad_out), ("out", out), ("lse", lse), ("grad_lse", grad_lse)])
 
 
@@ -291,7 +296,8 @@ def _(values, query, norm_weight, eps):
 @attn_res_with_lse_op.register_fake
 def _(values, query, norm_weight, eps):
     check_args(values, query, norm_weight, eps)
-    return values.new_empty(values.shape[1:]), values.new_empty(values.shape[1:-1], dtype=torch.float32)
+    lse = values.new_empty(values.shape[1:-1], dtype=accumulate_dtype(values.dtype))
+    return values.new_empty(values.shape[1:]), lse
 
 
 @attn_res_backward_op.register_fake
@@ -355,25 +361,30 @@ def attn_res(
     """Attention Residuals (Kimi AttnRes): a softmax over depth mixes N sources per token.
 
     Args:
-        values: [N, *batch, D] float32/float16/bfloat16. The N depth sources (embedding output and
+        values: [N, *batch, D] float32/float16/bfloat16/float64. The N depth sources (embedding output and
             block outputs); any number of batch dims, zero included. Any layout: a slice of a
             preallocated bank (``bank[:n]``), permuted or expanded batch dims are read in place
             where the last dim has stride 1 and the batch dims merge into three strided dims; other
             layouts are copied, once in the forward and once in the backward.
-        query: [D] float32/float16/bfloat16, the learned pseudo-query; its dtype need not be values'
+        query: [D] float32/float16/bfloat16/float64, the learned pseudo-query; its dtype need not be values'
             (e.g. fp32 with bf16 values).
-        norm_weight: [D] float32/float16/bfloat16 RMSNorm gain applied to the keys; None means ones.
+        norm_weight: [D] float32/float16/bfloat16/float64 RMSNorm gain applied to the keys; None means ones.
         eps: RMSNorm epsilon in [~1.2e-38, ~3.4e38]: a normal float32 number (the kernels compute in
             float32, where a smaller eps is subnormal or 0, and a zero row's rstd = eps ** -0.5, or its
             square in the backward, overflows).
-        return_lse: a bool; also return lse [*batch] float32, the logsumexp over depth of the logits
-            (differentiable).
+        return_lse: a bool; also return lse [*batch] float32 (float64 for float64 values), the logsumexp
+            over depth of the logits (differentiable).
 
     Returns:
         out, or (out, lse) with return_lse. out is [*batch, D] in values' dtype:
         ``out = sum_i softmax_i(<query, rmsnorm(values[i]) * norm_weight>) * values[i]``
         with ``rmsnorm(v) = v / sqrt(mean(v * v) + eps)``; the softmax runs over the N axis and the
-        values enter the sum un-normalised. All reductions accumulate in fp32.
+        values enter the sum un-normalised. All reductions accumulate in fp32; float64 values run in
+        float64 throughout (for gradcheck; eps keeps the float32 range).
+
+    Non-finite values give the reference's IEEE results, none is refused: lse is torch.logsumexp's over
+    depth (-inf where every logit is -inf, +inf with a +inf logit, e.g. from an inf in norm_weight, NaN
+    with a NaN), out and the gradients softmax's (NaN where lse is not finite).
 
     Runs the op ``fusedops::attn_res_with_lse``, which saves out and lse (O(tokens) fp32) for a backward
     that reads values once: sum_j alpha_j <g, v_j> = <g, out>. Differentiable in values, query and

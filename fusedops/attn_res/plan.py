@@ -35,6 +35,12 @@ CUDA_ELEMENTS_PER_THREAD = 32
 CUDA_MAX_WARPS = 8
 
 
+def acc_scale(elem_size: int) -> int:
+    """How much wider the kernels' on-chip values are than the fp32 the byte counts here assume: 2 for
+    float64 values (computed in float64), else 1."""
+    return 2 if elem_size == 8 else 1
+
+
 def next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
@@ -64,7 +70,7 @@ def make_plan(target: Target, tokens: int, dim: int, elem_size: int, *, backward
         per_element = ONEPASS_BYTES_PER_ELEMENT
     else:
         per_element = BACKWARD_BYTES_PER_ELEMENT if backward else FORWARD_BYTES_PER_ELEMENT
-    budget = target.onchip_bytes // per_element
+    budget = target.onchip_bytes // (per_element * acc_scale(elem_size))
     min_row = max(1, target.row_align // elem_size)
     if budget < min_row:
         raise ValueError(
@@ -147,7 +153,8 @@ def depth_tile_plan(target: Target, tokens: int, sources: int, dim: int, elem_si
     block_d = max(next_pow2(dim), max(1, target.row_align // elem_size))
     tile = block_n * block_d
     cuda = target.vendor == "cuda"
-    per_element = CUDA_DEPTH_TILE_EXTRA_BYTES + elem_size if cuda else ASCEND_DEPTH_TILE_BYTES_PER_ELEMENT
+    wide = acc_scale(elem_size)
+    per_element = CUDA_DEPTH_TILE_EXTRA_BYTES * wide + elem_size if cuda else ASCEND_DEPTH_TILE_BYTES_PER_ELEMENT * wide
     if tile * per_element > target.onchip_bytes:
         return None
     if not cuda:
@@ -183,10 +190,11 @@ REWRITE_BYTES_PER_ELEMENT = 16
 
 
 @memoize
-def reduce_plan(target: Target, dim: int, programs: int, stash: int = 0) -> tuple[int, int, int, int]:
-    """(BLOCK_D, BLOCK_P, grid, REWRITE_P) for summing the backward's [programs, dim] partial sums and,
-    with a stash (see stash_rows), rewriting REWRITE_P stashed tokens at a time. With a stash of two
-    16-bit rows BLOCK_D divides dim, so each program owns whole columns of it."""
+def reduce_plan(target: Target, dim: int, programs: int, stash: int = 0, acc_bytes: int = 4
+                ) -> tuple[int, int, int, int]:
+    """(BLOCK_D, BLOCK_P, grid, REWRITE_P) for summing the backward's [programs, dim] partial sums (acc_bytes
+    each: 4, 8 for float64 values) and, with a stash (see stash_rows), rewriting REWRITE_P stashed tokens at a
+    time. With a stash of two 16-bit rows BLOCK_D divides dim, so each program owns whole columns of it."""
     cuda = target.vendor == "cuda" and not target.interpreted
     widest = 4096 if target.interpreted else CUDA_REDUCE_BLOCK_D if cuda else REDUCE_BLOCK_D
     if stash == 2:
@@ -196,7 +204,7 @@ def reduce_plan(target: Target, dim: int, programs: int, stash: int = 0) -> tupl
     tallest = CUDA_REDUCE_MAX_BLOCK_P if cuda else REDUCE_MAX_BLOCK_P
     heights = []
     for per_element in (REDUCE_BYTES_PER_ELEMENT, REWRITE_BYTES_PER_ELEMENT):
-        budget = max(1, target.onchip_bytes // (per_element * block_d))
+        budget = max(1, target.onchip_bytes // (per_element * acc_bytes // 4 * block_d))
         heights.append(max(1, min(prev_pow2(budget), next_pow2(size_hint(programs)), tallest)))
     grid = target.grid_size(-(-dim // block_d))
     return block_d, heights[0], grid, heights[1]
@@ -211,7 +219,8 @@ def stash_rows(target: Target, sources: int, dim: int, elem_size: int) -> int:
     is 4-8 MB at D = 4096-8192, more than Liger-Kernel's saved statistics (2 N tokens fp32). Rows are
     written by the backward kernel, overwritten by the partial sums, and rewritten by the reduction.
     Needs concrete sizes (no guard on a symbolic N or D), N >= 4 / elem_size rows, and for 16-bit rows
-    a reduction block that divides D and is even (each half of it holds one row's columns)."""
+    a reduction block that divides D and is even (each half of it holds one row's columns). Not for float64
+    values, whose partial sums are float64 (4 // 8 = 0 rows)."""
     rows = 4 // elem_size
     if not (isinstance(sources, int) and isinstance(dim, int)) or rows not in (1, 2) or sources < rows:
         return 0

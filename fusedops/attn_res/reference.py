@@ -8,7 +8,8 @@ softmax over depth whose logits compare a learned pseudo-query with the RMS-norm
     logit_i = rstd_i * dot(query * norm_weight, v_i)
     out     = sum_i softmax_i(logit) * v_i
 
-Everything is computed in float32 and the result is cast back to the values' dtype.
+Everything is computed in float32 (float64 for float64 values) and the result is cast back to the values'
+dtype.
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from fusedops.numerics import accumulate_dtype
 
-def _folded_query(query: Tensor, norm_weight: Optional[Tensor]) -> Tensor:
-    u = query.float()
-    return u if norm_weight is None else u * norm_weight.float()
+
+def _folded_query(query: Tensor, norm_weight: Optional[Tensor], dtype: torch.dtype) -> Tensor:
+    u = query.to(dtype)
+    return u if norm_weight is None else u * norm_weight.to(dtype)
 
 
 def _logits(v: Tensor, u: Tensor, eps: float) -> tuple[Tensor, Tensor]:
@@ -30,9 +33,10 @@ def _logits(v: Tensor, u: Tensor, eps: float) -> tuple[Tensor, Tensor]:
 
 
 def attn_res(values: Tensor, query: Tensor, norm_weight: Optional[Tensor], eps: float) -> tuple[Tensor, Tensor]:
-    """(out [*batch, D] in values' dtype, lse [*batch] fp32: logsumexp over depth of the logits)."""
-    v = values.float()
-    logits, _ = _logits(v, _folded_query(query, norm_weight), eps)
+    """(out [*batch, D] in values' dtype, lse [*batch] fp32 (float64 for float64 values): logsumexp over depth
+    of the logits)."""
+    v = values.to(accumulate_dtype(values.dtype))
+    logits, _ = _logits(v, _folded_query(query, norm_weight, v.dtype), eps)
     alpha = torch.softmax(logits, dim=0)
     return (alpha * v).sum(0).to(values.dtype), torch.logsumexp(logits, dim=0).squeeze(-1)
 
@@ -55,15 +59,15 @@ def attn_res_backward(
       dL/dv_i = alpha_i g + dL/ds_i * rstd_i * (u - s_i * rstd_i * v_i / D)
       dL/du   = sum over tokens and i of dL/ds_i * rstd_i * v_i,  u = query * norm_weight
     """
-    v = values.float()
-    g = grad_out.float()
-    u = _folded_query(query, norm_weight)
+    v = values.to(accumulate_dtype(values.dtype))
+    g = grad_out.to(v.dtype)
+    u = _folded_query(query, norm_weight, v.dtype)
     logits, rstd = _logits(v, u, eps)
     alpha = torch.softmax(logits, dim=0)
     g_dot_v = (g * v).sum(-1, keepdim=True)
     d_logits = alpha * (g_dot_v - (alpha * g_dot_v).sum(0, keepdim=True))
     if grad_lse is not None:
-        d_logits = d_logits + alpha * grad_lse.float().unsqueeze(-1)
+        d_logits = d_logits + alpha * grad_lse.to(v.dtype).unsqueeze(-1)
     grad_values = grad_query = grad_weight = None
     if need_values:
         D = v.shape[-1]
@@ -71,8 +75,8 @@ def attn_res_backward(
     if need_query or need_norm_weight:
         grad_u = (d_logits * rstd * v).reshape(-1, v.shape[-1]).sum(0)
         if need_query:
-            scale = grad_u if norm_weight is None else grad_u * norm_weight.float()
+            scale = grad_u if norm_weight is None else grad_u * norm_weight.to(v.dtype)
             grad_query = scale.to(query.dtype)
         if need_norm_weight and norm_weight is not None:
-            grad_weight = (grad_u * query.float()).to(norm_weight.dtype)
+            grad_weight = (grad_u * query.to(v.dtype)).to(norm_weight.dtype)
     return grad_values, grad_query, grad_weight

@@ -19,6 +19,8 @@ out; CPU tensors are checked on the host instead, where that costs no synchronis
 import triton
 import triton.language as tl
 
+from fusedops.tl_masks import mask_if
+
 
 @triton.jit(debug=True)
 def embedding_fwd_kernel(
@@ -58,26 +60,26 @@ def _four_rows(g_ptr, perm_ptr, p0, stop, N, G_S0, cols, d_mask, EVICT: tl.const
     t1 = tl.load(perm_ptr + tl.minimum(p0 + 1, N - 1)).to(tl.int64)
     t2 = tl.load(perm_ptr + tl.minimum(p0 + 2, N - 1)).to(tl.int64)
     t3 = tl.load(perm_ptr + tl.minimum(p0 + 3, N - 1)).to(tl.int64)
-    g0 = tl.load(g_ptr + t0 * G_S0 + cols, mask=d_mask & (p0 < stop), other=0.0, eviction_policy=EVICT)
-    g1 = tl.load(g_ptr + t1 * G_S0 + cols, mask=d_mask & (p0 + 1 < stop), other=0.0, eviction_policy=EVICT)
-    g2 = tl.load(g_ptr + t2 * G_S0 + cols, mask=d_mask & (p0 + 2 < stop), other=0.0, eviction_policy=EVICT)
-    g3 = tl.load(g_ptr + t3 * G_S0 + cols, mask=d_mask & (p0 + 3 < stop), other=0.0, eviction_policy=EVICT)
+    g0 = tl.load(g_ptr + t0 * G_S0 + cols, mask=mask_if(p0 < stop, d_mask), other=0.0, eviction_policy=EVICT)
+    g1 = tl.load(g_ptr + t1 * G_S0 + cols, mask=mask_if(p0 + 1 < stop, d_mask), other=0.0, eviction_policy=EVICT)
+    g2 = tl.load(g_ptr + t2 * G_S0 + cols, mask=mask_if(p0 + 2 < stop, d_mask), other=0.0, eviction_policy=EVICT)
+    g3 = tl.load(g_ptr + t3 * G_S0 + cols, mask=mask_if(p0 + 3 < stop, d_mask), other=0.0, eviction_policy=EVICT)
     return g0, g1, g2, g3
 
 
 @triton.jit
 def _add4(acc, g0, g1, g2, g3):
-    """acc + g0 + g1 + g2 + g3 in fp32, in that order."""
-    acc += g0.to(tl.float32)
-    acc += g1.to(tl.float32)
-    acc += g2.to(tl.float32)
-    acc += g3.to(tl.float32)
+    """acc + g0 + g1 + g2 + g3 in acc's dtype (fp32; fp64 for float64 gradients), in that order."""
+    acc += g0.to(acc.dtype)
+    acc += g1.to(acc.dtype)
+    acc += g2.to(acc.dtype)
+    acc += g3.to(acc.dtype)
     return acc
 
 
 @triton.jit
 def _run_item(g_ptr, keys_ptr, perm_ptr, offs_ptr, gw_ptr, part_ptr, item, V, D, N, G_S0, G_S1, PAD,
-              SCALE: tl.constexpr, BLOCK_D: tl.constexpr, EVICT: tl.constexpr, CHUNK: tl.constexpr):
+              SCALE: tl.constexpr, BLOCK_D: tl.constexpr, EVICT: tl.constexpr, CHUNK: tl.constexpr, ACC: tl.constexpr):
     """Run item `item` (sorted position x feature block) of embedding_bwd_kernel. A position that heads a
     chunk (every CHUNK-th position of a run, from its start) of an in-range, non-padding index sums the
     chunk's gradient rows in fp32, in token order. A run of at most CHUNK tokens is one chunk, whose sum
@@ -96,7 +98,7 @@ def _run_item(g_ptr, keys_ptr, perm_ptr, offs_ptr, gw_ptr, part_ptr, item, V, D,
     heads = (key >= 0) & (key < V) & (key != PAD) & ((pos - start) % CHUNK == 0)
     stop = tl.where(heads, tl.minimum(pos + CHUNK, run_stop), pos)
     cols = d * G_S1
-    acc = tl.zeros([1, BLOCK_D], dtype=tl.float32)
+    acc = tl.zeros([1, BLOCK_D], dtype=ACC)
     # Loads are issued before the adds, which stay in token order: four tokens first (nearly every run
     # of a uniform batch), then eight per step, so the long chunks of frequent tokens keep eight gathers
     # in flight. H100 (bench/NOTES.md, embedding v9): Zipf batches -23..-38%, uniform +2%.
@@ -108,11 +110,12 @@ def _run_item(g_ptr, keys_ptr, perm_ptr, offs_ptr, gw_ptr, part_ptr, item, V, D,
         acc = _add4(_add4(acc, g0, g1, g2, g3), g4, g5, g6, g7)
     split = run_stop - start > CHUNK
     if SCALE:  # a split run is scaled once its chunks are summed
-        acc = acc / tl.where(split, 1, tl.maximum(run_stop - start, 1)).to(tl.float32)
-    tl.store(gw_ptr + key * D + d, acc.to(gw_ptr.dtype.element_ty), mask=d_mask & heads & (run_stop - start <= CHUNK),
+        acc = acc / tl.where(split, 1, tl.maximum(run_stop - start, 1)).to(ACC)
+    whole = heads & (run_stop - start <= CHUNK)
+    tl.store(gw_ptr + key * D + d, acc.to(gw_ptr.dtype.element_ty), mask=mask_if(whole, d_mask),
              eviction_policy=EVICT)
     slot = 2 * (pos // CHUNK) + (pos == start).to(tl.int64)
-    tl.store(part_ptr + slot * D + d, acc, mask=d_mask & heads & split)
+    tl.store(part_ptr + slot * D + d, acc, mask=mask_if(heads & split, d_mask))
 
 
 @triton.jit
@@ -137,6 +140,7 @@ def embedding_bwd_kernel(
     g_ptr, keys_ptr, perm_ptr, offs_ptr, gw_ptr, part_ptr,
     V, D, N, G_S0, G_S1, PAD, ZEROS_PER_RUN,
     SCALE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, EVICT: tl.constexpr, CHUNK: tl.constexpr,
+    F64: tl.constexpr = False,  # the op passes it (wrap_triton takes no defaults); direct launches may not
 ):
     """grad_weight[v, d] = s_v * sum over tokens t with idx[t] == v of grad_out[t, d], in token order.
 
@@ -158,8 +162,9 @@ def embedding_bwd_kernel(
     last) so programs of both kinds are resident together and the gathers hide under the stores.
     Gradient rows are read once and grad_weight rows written once: both go through L2 with the
     eviction policy EVICT (the plan's: "evict_first" leaves L2 to the keys, perm and offsets every
-    program reads where that measured faster).
+    program reads where that measured faster). Sums are fp32, fp64 for float64 gradients (F64).
     """
+    ACC = tl.float64 if F64 else tl.float32
     pid = tl.program_id(0)
     d_blocks = tl.cdiv(D, BLOCK_D)
     run_items = N * d_blocks
@@ -174,7 +179,7 @@ def embedding_bwd_kernel(
         slot = item - group * period
         if (item < mixed) & (slot == 0):
             _run_item(g_ptr, keys_ptr, perm_ptr, offs_ptr, gw_ptr, part_ptr, group, V, D, N, G_S0, G_S1, PAD,
-                      SCALE, BLOCK_D, EVICT, CHUNK)
+                      SCALE, BLOCK_D, EVICT, CHUNK, ACC)
         else:
             tile = tl.where(item < mixed, group * ZEROS_PER_RUN + slot - 1, item - run_items)
             _zero_tile(offs_ptr, gw_ptr, tile, V, D, PAD, BLOCK_R, BLOCK_D, EVICT)
@@ -203,7 +208,7 @@ def embedding_bwd_merge_kernel(part_ptr, keys_ptr, offs_ptr, gw_ptr, V, D, N, PA
             for head in range(start + CHUNK, stop, CHUNK):
                 acc += tl.load(part_ptr + 2 * (head // CHUNK) * D + d, mask=d_mask, other=0.0)
             if SCALE:
-                acc = acc / (stop - start).to(tl.float32)
+                acc = acc / (stop - start).to(acc.dtype)
             tl.store(gw_ptr + key * D + d, acc.to(gw_ptr.dtype.element_ty), mask=d_mask)
 
 

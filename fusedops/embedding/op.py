@@ -9,6 +9,7 @@ from torch._subclasses.fake_tensor import is_fake
 from torch import Tensor
 
 from fusedops.launch import launch
+from fusedops.numerics import accumulate_dtype
 from fusedops.registry import backward_direct_ok, call_direct, direct_autograd, direct_call_ok, fused_op
 from fusedops.targets import Target, target_for
 from fusedops.validation import as_int, check_float
@@ -159,13 +160,14 @@ def _backward(
     # Partial sums of the chunks of runs longer than one chunk (see embedding_bwd_merge_kernel); a batch
     # of at most one chunk has no such run, and skips the buffer and the merge.
     split = not isinstance(tokens, int) or tokens > chunk
-    part = grad_out.new_empty((2 * -(-tokens // chunk), dim) if split else (1, 1), dtype=torch.float32)
+    part = grad_out.new_empty((2 * -(-tokens // chunk), dim) if split else (1, 1),
+                              dtype=accumulate_dtype(grad_out.dtype))
     launch(
         embedding_bwd_kernel, (plan.grid,), (grad2d, keys, perm, offsets, grad_weight, part),
         (num_weights, dim, tokens, grad2d.stride(0), grad2d.stride(1), padding_idx,
          plan.zeros_per_run(num_weights, tokens)),
         dict(SCALE=scale_grad_by_freq, BLOCK_R=plan.block_rows, BLOCK_D=plan.block_d, EVICT=plan.evict, CHUNK=chunk,
-             num_warps=plan.num_warps,
+             F64=grad_out.dtype == torch.float64, num_warps=plan.num_warps,
              **({"maxnreg": plan.max_registers} if plan.max_registers else {})),
     )
     if split:
@@ -187,14 +189,14 @@ def _run_checked(
 
 def _run(weight: Tensor, indices: Tensor, padding_idx: Optional[int]) -> Tensor:
     """Kernels under the device's plan, or the reference."""
-    target = target_for(weight.device)
+    target = target_for(weight.device, weight.dtype)
     if target is None:
         return reference.embedding(weight, indices, normalize_padding_idx(padding_idx, weight.shape[0]))
     return _forward(weight, indices, target)
 
 
 def _run_backward(grad_out, indices, num_weights, pad, scale_grad_by_freq):
-    target = target_for(grad_out.device)
+    target = target_for(grad_out.device, grad_out.dtype)
     if target is None:
         return reference.embedding_backward(grad_out, indices, num_weights, pad, scale_grad_by_freq)
     return _backward(grad_out, indices, num_weights, pad, scale_grad_by_freq, target)
@@ -298,7 +300,7 @@ def _double_backward_rule(ctx, grad_grad_weight):
         ones = torch.ones((*indices.shape, 1), dtype=torch.float32, device=indices.device)
         counts = torch.ops.fusedops.embedding_backward(ones, indices, ctx.num_weights, None, False)
         per_token = torch.ops.fusedops.embedding(counts, indices, None, False).clamp_min(1)
-        grad = (grad.float() / per_token).to(grad.dtype)
+        grad = (grad.to(accumulate_dtype(grad.dtype)) / per_token).to(grad.dtype)
     return grad, None, None, None, None
 
 
@@ -323,7 +325,7 @@ def embedding(
 
     Args:
         indices: int32 or int64 tensor of any shape (empty included), on weight's device.
-        weight: [V, D] float32/float16/bfloat16. Rows may be strided (e.g. a column slice of a
+        weight: [V, D] float32/float16/bfloat16/float64. Rows may be strided (e.g. a column slice of a
             larger matrix); nothing is copied.
         padding_idx: that row's gradient is zero (its forward value is returned as stored).
             Negative values count from the end, as in torch.
@@ -342,7 +344,7 @@ def embedding(
         [*indices.shape, D] in weight's dtype.
 
     Differentiable in weight; the backward is the op ``fusedops::embedding_backward``
-    (deterministic, bitwise reproducible, writes grad_weight once, fp32 accumulation), itself
+    (deterministic, bitwise reproducible, writes grad_weight once, fp32 accumulation, fp64 for float64), itself
     differentiable in its output gradient, so double backward (Hessian-vector products) works.
     Raises ValueError naming the argument on bad input.
     """

@@ -112,7 +112,9 @@ def _block_d(dim: int, min_d: int, max_d: int) -> int:
 def make_plan(target: Target, rows: int, dim: int, elem_size: int, *, backward: bool, tokens: int = 0) -> Plan:
     """rows: tokens (forward) or vocabulary rows V (backward); dim: D; elem_size: weight bytes;
     tokens (backward): the run items, one row x block_d each, that come before the zero tiles."""
-    per_element = (BACKWARD_FIXED_BYTES + elem_size) if backward else (FORWARD_FIXED_BYTES + 2 * elem_size)
+    # float64 gradients: the accumulator and the upcast row are 8 bytes, not BACKWARD_FIXED_BYTES' 4 each
+    wide = 8 if elem_size == 8 else 0
+    per_element = (BACKWARD_FIXED_BYTES + wide + elem_size) if backward else (FORWARD_FIXED_BYTES + 2 * elem_size)
     budget = target.onchip_bytes // per_element  # tile elements that fit on chip
     min_d = max(1, target.row_align // elem_size)
     if budget < min_d:

@@ -8,13 +8,16 @@ Backward (the weight gradient, the only one):
     grad_weight[v] = s_v * sum over tokens t with indices[t] == v of grad_out[t]
 with s_v = 1 / count_v under scale_grad_by_freq (count_v: how often v occurs in the batch) and 1
 otherwise; the padding_idx row and rows that no token names are zero; tokens with an out-of-range
-index contribute nothing. Sums run in float32 and are cast to the weight's dtype once.
+index contribute nothing. Sums run in float32 (float64 for float64 gradients) and are cast to the weight's
+dtype once.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from fusedops.numerics import accumulate_dtype
 
 
 def in_range(flat: Tensor, num_weights: int) -> Tensor:
@@ -39,16 +42,17 @@ def embedding_backward(
     if num_weights == 0:
         return grad_out.new_zeros(0, dim)
     flat = indices.reshape(-1).long()
-    g = grad_out.reshape(flat.shape[0], dim).float()  # explicit sizes: -1 is ambiguous at D = 0
+    acc = accumulate_dtype(grad_out.dtype)
+    g = grad_out.reshape(flat.shape[0], dim).to(acc)  # explicit sizes: -1 is ambiguous at D = 0
     ok = in_range(flat, num_weights)
     # Out-of-range tokens become zero rows added to row 0 rather than being dropped by a boolean mask:
     # no data-dependent shape, so meta tensors (shapes only) take this path too.
     flat = torch.where(ok, flat, 0)
     if scale_grad_by_freq:
-        counts = torch.zeros(num_weights, device=flat.device).index_add_(0, flat, ok.float())
+        counts = torch.zeros(num_weights, dtype=acc, device=flat.device).index_add_(0, flat, ok.to(acc))
         g = g / counts[flat].clamp_min(1)[:, None]
     g = torch.where(ok[:, None], g, 0.0)
-    grad = torch.zeros(num_weights, dim, dtype=torch.float32, device=grad_out.device).index_add_(0, flat, g)
+    grad = torch.zeros(num_weights, dim, dtype=acc, device=grad_out.device).index_add_(0, flat, g)
     if padding_idx >= 0:
         grad[padding_idx] = 0
     return grad.to(grad_out.dtype)

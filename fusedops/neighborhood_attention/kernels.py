@@ -16,10 +16,19 @@ takes one fused backward kernel instead (na_bwd_fused_1d_kernel: owned rows plus
 
 All tensor offsets are int64; q/k/v/grad_out are read through their own (batch, head, axis) strides,
 so a permuted heads-last view runs without a copy. out, lse, delta and the gradients are contiguous.
+
+Non-finite values: tl.dot over a tile multiplies a masked pair's zero weight by the key's (or the query's)
+values too, and IEEE's 0 * inf = NaN would leak one inf or NaN into every row of the tile. Each kernel flags
+the rows (keys, in dK/dV) whose tile result came out non-finite (a sum per row, _nonfinite_rows); after its
+tile loop, if any is flagged, it takes every stored row that holds an inf or NaN again, one window pair at a
+time (_exact_out_row, _exact_dq_row, _exact_dkdv_key): results depend only on the window, as in the
+reference. F64: float64 inputs, with float64 dots, accumulators and softmax statistics (else float32).
 """
 
 import triton
 import triton.language as tl
+
+from fusedops.tl_masks import mask_if
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -56,7 +65,7 @@ def _query_span(jl, jh, lg, K, ST, CAUSAL, TRUNCATED: tl.constexpr):
         # Causal: hi = i, and lo = c(i) - K + 1 <= jh with c(i) = (i // ST) * ST + ST - 1.
         e = jh + tl.where(CAUSAL != 0, K - 1, K // 2)
         group_last = (e - tl.where(CAUSAL != 0, ST - 1, ST // 2)) // ST * ST + ST - 1
-        every = (e >= lg - 1) | ((CAUSAL == 0) & (jh >= lg - K))
+        every = (e >= lg - 1) | ((jh >= lg - K) & (CAUSAL == 0))  # tensor first: CAUSAL may be a constant
         first = tl.where(CAUSAL != 0, jl, first_nc)
         last = tl.where(every, lg - 1, tl.minimum(group_last, lg - 1))
     return first, last
@@ -64,7 +73,7 @@ def _query_span(jl, jh, lg, K, ST, CAUSAL, TRUNCATED: tl.constexpr):
 
 @triton.jit
 def _group_len(L, DIL, g):
-    return L // DIL + (g < L % DIL).to(tl.int32)
+    return L // DIL + tl.cast(g < L % DIL, tl.int32)  # tl.cast: also takes a constant (a padded axis)
 
 
 @triton.jit
@@ -196,6 +205,175 @@ def _box(B0: tl.constexpr, B1: tl.constexpr, B2: tl.constexpr):
 
 
 @triton.jit
+def _finite_or_zero(m):
+    """The reference point of an online softmax's exponentials for its running max m: m, or 0 where m is
+    +-inf, as torch.logsumexp takes it. A row that has met no key yet (m = -inf) gets exp2(-inf) = 0, not
+    exp2(-inf - -inf) = NaN, and lse comes out -inf (every logit -inf) or +inf (an infinite logit) as in
+    the reference, where a finite sentinel for "masked" gave 0 and a finite lse."""
+    return tl.where(tl.abs(m) == float("inf"), 0.0, m)
+
+
+@triton.jit
+def _nonfinite_rows(x, AXIS: tl.constexpr):
+    """1 where a row (AXIS 1) or a column (AXIS 0) of the 2-D tile x may hold an inf or a NaN, else 0 (int32): its
+    sum is then inf or NaN (and a NaN fails the compare). One add per element; a finite sum that overflows only
+    flags a row for nothing, as do rows past the tile."""
+    return tl.where(tl.abs(tl.sum(x, axis=AXIS)) < float("inf"), 0, 1)
+
+
+@triton.jit
+def _stored_nonfinite(row_ptr, n, ok, BLOCK: tl.constexpr):
+    """Whether the n values stored at row_ptr hold an inf or a NaN (False where not ok: no row there)."""
+    e = tl.arange(0, BLOCK)
+    x = tl.load(row_ptr + e, mask=mask_if(ok, e < n), other=0.0)
+    return tl.max(tl.where(tl.abs(x) < float("inf"), 0, 1), axis=0) > 0
+
+
+@triton.jit
+def _cell_offset(j0, j1, j2, g0, g1, g2, DL0, DL1, DL2, s0, s1, s2):
+    """Element offset of the cell at within-group coordinates (j0, j1, j2) of groups (g0, g1, g2) (scalars)."""
+    return (tl.cast(j0 * DL0 + g0, tl.int64) * s0 + tl.cast(j1 * DL1 + g1, tl.int64) * s1
+            + tl.cast(j2 * DL2 + g2, tl.int64) * s2)  # tl.cast: padded axes pass constants
+
+
+@triton.jit
+def _tile_row(tile, r, H, G, T0, T1, T2, NB0, NB1, NB2, DL0, DL1, DL2, L0, L1, L2, S,
+              BM0: tl.constexpr, BM1: tl.constexpr, BM2: tl.constexpr):
+    """Row r of query tile `tile` in the tile walk of na_fwd_kernel and na_bwd_dq_kernel: its batch, head, kv head,
+    within-group coordinates, dilation groups, flat row index, and whether it lies inside the axes."""
+    b, h, a0, a1, a2 = _split_tile(tile, H, T0, T1, T2)
+    g0, lg0, i00, _, _ = _tile_axis(a0, NB0, DL0, L0, BM0, 0)
+    g1, lg1, i01, _, _ = _tile_axis(a1, NB1, DL1, L1, BM1, 0)
+    g2, lg2, i02, _, _ = _tile_axis(a2, NB2, DL2, L2, BM2, 0)
+    i0, i1, i2 = i00 + r // (BM1 * BM2), i01 + (r // BM2) % BM1, i02 + r % BM2
+    flat = (b * H + h).to(tl.int64) * S + _cell_offset(i0, i1, i2, g0, g1, g2, DL0, DL1, DL2, L1 * L2, L2, 1)
+    return b, h, h // G, i0, i1, i2, g0, g1, g2, flat, (i0 < lg0) & (i1 < lg1) & (i2 < lg2)
+
+
+@triton.jit
+def _exact_out_row(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, q_row, k_base, v_base, flat, sk0, sk1, sk2, sv0, sv1, sv2,
+                   i0, i1, i2, g0, g1, g2, L0, L1, L2, K0, K1, K2, DL0, DL1, DL2, ST0, ST1, ST2, C0, C1, C2, D, DV,
+                   qk_scale, TRUNCATED: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """out and lse of one query (within-group coordinates i0..i2) taken key by key over its window, so that
+    only its window's keys meet it: the exact path of na_fwd_kernel for a query whose tile result came out
+    non-finite. In a tile, tl.dot multiplies every query by every key of the box, a key outside a query's
+    window with weight 0, and IEEE's 0 * inf = NaN leaks an inf or NaN of that key into the query: a
+    NaN row is thus either the query's own (a non-finite value in its window) or a leak, and this path
+    gives the right one. Vectors and scalars only, run after the tile loop: finite inputs never take it, and
+    it leaves the tile loop's registers as they were on sm_90 (a second, exact tile pass inside the loop, or
+    this path there, raised them: 3 -> 2 programs per SM, kilobytes of spills)."""
+    d = tl.arange(0, BLOCK_D)
+    e = tl.arange(0, BLOCK_DV)
+    q = tl.load(q_ptr + q_row + d, mask=d < D, other=0.0).to(qk_scale.dtype)
+    lo0, hi0 = _window(i0, _group_len(L0, DL0, g0), K0, ST0, C0, TRUNCATED)
+    lo1, hi1 = _window(i1, _group_len(L1, DL1, g1), K1, ST1, C1, TRUNCATED)
+    lo2, hi2 = _window(i2, _group_len(L2, DL2, g2), K2, ST2, C2, TRUNCATED)
+    m = tl.full([], float("-inf"), qk_scale.dtype)
+    l = tl.zeros([], qk_scale.dtype)
+    acc = tl.zeros([BLOCK_DV], qk_scale.dtype)
+    for j0 in range(lo0, hi0 + 1):
+        for j1 in range(lo1, hi1 + 1):
+            for j2 in range(lo2, hi2 + 1):
+                k = tl.load(k_ptr + k_base + _cell_offset(j0, j1, j2, g0, g1, g2, DL0, DL1, DL2, sk0, sk1, sk2) + d,
+                            mask=d < D, other=0.0)
+                v = tl.load(v_ptr + v_base + _cell_offset(j0, j1, j2, g0, g1, g2, DL0, DL1, DL2, sv0, sv1, sv2) + e,
+                            mask=e < DV, other=0.0)
+                s = tl.sum(q * k.to(qk_scale.dtype)) * qk_scale
+                m_new = tl.maximum(m, s)
+                ref = _finite_or_zero(m_new)
+                alpha = tl.exp2(m - ref)
+                p = tl.exp2(s - ref)
+                l = l * alpha + p
+                acc = acc * alpha + p * v.to(qk_scale.dtype)
+                m = m_new
+    tl.store(o_ptr + flat * DV + e, (acc / l).to(o_ptr.dtype.element_ty), mask=e < DV)
+    tl.store(lse_ptr + flat, (m + tl.log2(l)) * 0.6931471805599453)
+
+
+@triton.jit
+def _query_delta(o_ptr, dlse_ptr, delta_ptr, do, flat, DV, HAS_DLSE: tl.constexpr, STORED: tl.constexpr,
+                 BLOCK_DV: tl.constexpr):
+    """delta = rowsum(dO * O) - dLSE of one query: from delta_ptr where the dQ kernel STORED it, else from
+    its out row (do: its dO row, in the compute dtype)."""
+    if STORED:
+        delta = tl.load(delta_ptr + flat)
+    else:
+        e = tl.arange(0, BLOCK_DV)
+        delta = tl.sum(do * tl.load(o_ptr + flat * DV + e, mask=e < DV, other=0.0).to(do.dtype))
+        if HAS_DLSE:
+            delta -= tl.load(dlse_ptr + flat).to(do.dtype)
+    return delta
+
+
+@triton.jit
+def _exact_dq_row(q_ptr, k_ptr, v_ptr, do_ptr, o_ptr, lse_ptr, dlse_ptr, dq_ptr, q_row, do_row, k_base, v_base, flat,
+                  sk0, sk1, sk2, sv0, sv1, sv2, i0, i1, i2, g0, g1, g2, L0, L1, L2, K0, K1, K2, DL0, DL1, DL2,
+                  ST0, ST1, ST2, C0, C1, C2, D, DV, qk_scale, scale, TRUNCATED: tl.constexpr, HAS_DLSE: tl.constexpr,
+                  BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """dQ of one query taken key by key over its window (see _exact_out_row): the exact path of the dQ and
+    the fused 1-D kernels."""
+    d = tl.arange(0, BLOCK_D)
+    e = tl.arange(0, BLOCK_DV)
+    q = tl.load(q_ptr + q_row + d, mask=d < D, other=0.0).to(qk_scale.dtype)
+    do = tl.load(do_ptr + do_row + e, mask=e < DV, other=0.0).to(qk_scale.dtype)
+    delta = _query_delta(o_ptr, dlse_ptr, dlse_ptr, do, flat, DV, HAS_DLSE, False, BLOCK_DV)
+    lse2 = tl.load(lse_ptr + flat) * 1.4426950408889634
+    lo0, hi0 = _window(i0, _group_len(L0, DL0, g0), K0, ST0, C0, TRUNCATED)
+    lo1, hi1 = _window(i1, _group_len(L1, DL1, g1), K1, ST1, C1, TRUNCATED)
+    lo2, hi2 = _window(i2, _group_len(L2, DL2, g2), K2, ST2, C2, TRUNCATED)
+    dq = tl.zeros([BLOCK_D], qk_scale.dtype)
+    for j0 in range(lo0, hi0 + 1):
+        for j1 in range(lo1, hi1 + 1):
+            for j2 in range(lo2, hi2 + 1):
+                k = tl.load(k_ptr + k_base + _cell_offset(j0, j1, j2, g0, g1, g2, DL0, DL1, DL2, sk0, sk1, sk2) + d,
+                            mask=d < D, other=0.0).to(qk_scale.dtype)
+                v = tl.load(v_ptr + v_base + _cell_offset(j0, j1, j2, g0, g1, g2, DL0, DL1, DL2, sv0, sv1, sv2) + e,
+                            mask=e < DV, other=0.0).to(qk_scale.dtype)
+                p = tl.exp2(tl.sum(q * k) * qk_scale - lse2)
+                dq += p * (tl.sum(do * v) - delta) * k
+    tl.store(dq_ptr + flat * D + d, (dq * scale).to(dq_ptr.dtype.element_ty), mask=d < D)
+
+
+@triton.jit
+def _exact_dkdv_key(q_ptr, k_ptr, v_ptr, do_ptr, o_ptr, lse_ptr, dlse_ptr, delta_ptr, dk_ptr, dv_ptr, k_row, v_row,
+                    flat_k, b, hk, H, G, sqb, sqh, sq0, sq1, sq2, sdb, sdh, sd0, sd1, sd2, j0, j1, j2, g0, g1, g2,
+                    L0, L1, L2, K0, K1, K2, DL0, DL1, DL2, ST0, ST1, ST2, C0, C1, C2, D, DV, qk_scale, scale,
+                    TRUNCATED: tl.constexpr, HAS_DLSE: tl.constexpr, DELTA_STORED: tl.constexpr,
+                    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """dK and dV of one key (within-group coordinates j0..j2) taken query by query over the queries whose
+    windows hold it, every query head of its GQA group (see _exact_out_row): the exact path of the dK/dV and
+    the fused 1-D kernels."""
+    d = tl.arange(0, BLOCK_D)
+    e = tl.arange(0, BLOCK_DV)
+    k = tl.load(k_ptr + k_row + d, mask=d < D, other=0.0).to(qk_scale.dtype)
+    v = tl.load(v_ptr + v_row + e, mask=e < DV, other=0.0).to(qk_scale.dtype)
+    qs0, qe0 = _query_span(j0, j0, _group_len(L0, DL0, g0), K0, ST0, C0, TRUNCATED)
+    qs1, qe1 = _query_span(j1, j1, _group_len(L1, DL1, g1), K1, ST1, C1, TRUNCATED)
+    qs2, qe2 = _query_span(j2, j2, _group_len(L2, DL2, g2), K2, ST2, C2, TRUNCATED)
+    dk = tl.zeros([BLOCK_D], qk_scale.dtype)
+    dv = tl.zeros([BLOCK_DV], qk_scale.dtype)
+    for gh in range(0, G):
+        h = hk * G + gh
+        for i0 in range(qs0, qe0 + 1):
+            for i1 in range(qs1, qe1 + 1):
+                for i2 in range(qs2, qe2 + 1):
+                    q_row = b.to(tl.int64) * sqb + h.to(tl.int64) * sqh + _cell_offset(i0, i1, i2, g0, g1, g2, DL0,
+                                                                                        DL1, DL2, sq0, sq1, sq2)
+                    do_row = b.to(tl.int64) * sdb + h.to(tl.int64) * sdh + _cell_offset(i0, i1, i2, g0, g1, g2, DL0,
+                                                                                         DL1, DL2, sd0, sd1, sd2)
+                    flat = (b * H + h).to(tl.int64) * (L0 * L1 * L2) + _cell_offset(i0, i1, i2, g0, g1, g2, DL0, DL1,
+                                                                                      DL2, L1 * L2, L2, 1)
+                    q = tl.load(q_ptr + q_row + d, mask=d < D, other=0.0).to(qk_scale.dtype)
+                    do = tl.load(do_ptr + do_row + e, mask=e < DV, other=0.0).to(qk_scale.dtype)
+                    delta = _query_delta(o_ptr, dlse_ptr, delta_ptr, do, flat, DV, HAS_DLSE, DELTA_STORED, BLOCK_DV)
+                    p = tl.exp2(tl.sum(q * k) * qk_scale - tl.load(lse_ptr + flat) * 1.4426950408889634)
+                    dv += p * do
+                    dk += p * (tl.sum(do * v) - delta) * q
+    tl.store(dk_ptr + flat_k * D + d, (dk * scale).to(dk_ptr.dtype.element_ty), mask=d < D)
+    tl.store(dv_ptr + flat_k * DV + e, dv.to(dv_ptr.dtype.element_ty), mask=e < DV)
+
+
+@triton.jit
 def na_fwd_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
     sqb, sqh, sq0, sq1, sq2,
@@ -208,9 +386,11 @@ def na_fwd_kernel(
     BM0: tl.constexpr, BM1: tl.constexpr, BM2: tl.constexpr,
     BN0: tl.constexpr, BN1: tl.constexpr, BN2: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
-    MASK_BITS: tl.constexpr,
+    MASK_BITS: tl.constexpr, F64: tl.constexpr,
 ):
-    qk_scale = tl.cast(qk_scale, tl.float32)  # Inductor passes Python floats as fp64
+    """out and lse per query tile: an online softmax over the key boxes that cover the tile's windows."""
+    ACC = tl.float64 if F64 else tl.float32
+    qk_scale = tl.cast(qk_scale, ACC)  # Inductor passes Python floats as fp64
     pid = tl.program_id(0)
     T0 = DL0 * NB0
     T1 = DL1 * NB1
@@ -222,6 +402,7 @@ def na_fwd_kernel(
     dv_mask = dv_off < DV
     r0, r1, r2 = _box(BM0, BM1, BM2)
     c0, c1, c2 = _box(BN0, BN1, BN2)
+    redo = tl.zeros([BM0 * BM1 * BM2], tl.int32)  # rows that came out non-finite, in any tile
     for tile in range(pid, num_tiles, tl.num_programs(0)):
         b, h, a0, a1, a2 = _split_tile(tile, H, T0, T1, T2)
         hk = h // G
@@ -244,9 +425,9 @@ def na_fwd_kernel(
             lo0, hi0, klo0, khi0 = _tile_windows(i0, i00, lg0, K0, ST0, C0, BM0, TRUNCATED)
         kv_base_k = b.to(tl.int64) * skb + hk.to(tl.int64) * skh
         kv_base_v = b.to(tl.int64) * svb + hk.to(tl.int64) * svh
-        m_i = tl.full([BM0 * BM1 * BM2], -1.0e30, tl.float32)
-        l_i = tl.zeros([BM0 * BM1 * BM2], tl.float32)
-        acc = tl.zeros([BM0 * BM1 * BM2, BLOCK_DV], tl.float32)
+        m_i = tl.full([BM0 * BM1 * BM2], float("-inf"), ACC)
+        l_i = tl.zeros([BM0 * BM1 * BM2], ACC)
+        acc = tl.zeros([BM0 * BM1 * BM2, BLOCK_DV], ACC)
         for j00 in range(klo0, khi0 + 1, BN0):
             j0 = j00 + c0
             for j01 in range(klo1, khi1 + 1, BN1):
@@ -268,18 +449,34 @@ def na_fwd_kernel(
                                       hi2, BN0, BN1, BN2, NDIM, ONE_COMPARE, MASK_BITS)
                     s = tl.where(ok, s, float("-inf"))
                     m_new = tl.maximum(m_i, tl.max(s, axis=1))
-                    alpha = tl.exp2(m_i - m_new)
-                    p = tl.exp2(s - m_new[:, None])
+                    ref = _finite_or_zero(m_new)
+                    alpha = tl.exp2(m_i - ref)
+                    p = tl.exp2(s - ref[:, None])
                     l_i = l_i * alpha + tl.sum(p, axis=1)
                     acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision=PRECISION)
                     m_i = m_new
-        l_safe = tl.where(l_i > 0, l_i, 1.0)
-        out = acc / l_safe[:, None]
+        # l_i = 0: every logit -inf (m_i = -inf) or a row past the tile. out = 0 / 0 = NaN and lse = -inf there, the
+        # reference's results, spelt without 0 / 0 and log(0), which the interpreter warns about; NaN stays NaN.
+        out = acc / tl.where(l_i == 0, float("nan"), l_i)[:, None]
+        redo = tl.maximum(redo, _nonfinite_rows(out, 1))
         flat = ((b * H + h).to(tl.int64) * S + (p0 * L1 * L2 + p1 * L2 + p2).to(tl.int64))
         tl.store(o_ptr + flat[:, None] * DV + dv_off[None, :], out.to(o_ptr.dtype.element_ty),
                  mask=row_ok[:, None] & dv_mask[None, :])
-        lse = (m_i + tl.log2(l_safe)) * 0.6931471805599453
+        lse = (m_i + tl.log2(tl.where(l_i == 0, 1.0, l_i))) * 0.6931471805599453
         tl.store(lse_ptr + flat, lse, mask=row_ok)
+    if tl.max(redo, axis=0) > 0:  # maybe a leak: the program's non-finite rows again, exactly (_exact_out_row)
+        tl.debug_barrier()  # every thread's stores have landed
+        for tile in range(pid, num_tiles, tl.num_programs(0)):
+            for r in range(0, BM0 * BM1 * BM2):
+                b, h, hk, ri0, ri1, ri2, g0, g1, g2, flat_r, ok = _tile_row(
+                    tile, r, H, G, T0, T1, T2, NB0, NB1, NB2, DL0, DL1, DL2, L0, L1, L2, S, BM0, BM1, BM2)
+                if _stored_nonfinite(o_ptr + flat_r * DV, DV, ok, BLOCK_DV):
+                    q_row = b.to(tl.int64) * sqb + h.to(tl.int64) * sqh + _cell_offset(
+                        ri0, ri1, ri2, g0, g1, g2, DL0, DL1, DL2, sq0, sq1, sq2)
+                    _exact_out_row(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, q_row, b.to(tl.int64) * skb + hk.to(tl.int64)
+                                   * skh, b.to(tl.int64) * svb + hk.to(tl.int64) * svh, flat_r, sk0, sk1, sk2, sv0, sv1,
+                                   sv2, ri0, ri1, ri2, g0, g1, g2, L0, L1, L2, K0, K1, K2, DL0, DL1, DL2, ST0, ST1, ST2,
+                                   C0, C1, C2, D, DV, qk_scale, TRUNCATED, BLOCK_D, BLOCK_DV)
 
 
 @triton.jit
@@ -296,13 +493,14 @@ def na_bwd_dq_kernel(
     BM0: tl.constexpr, BM1: tl.constexpr, BM2: tl.constexpr,
     BN0: tl.constexpr, BN1: tl.constexpr, BN2: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
-    HAS_DLSE: tl.constexpr, MASK_BITS: tl.constexpr,
+    HAS_DLSE: tl.constexpr, MASK_BITS: tl.constexpr, F64: tl.constexpr,
 ):
     """dQ_i = scale * sum_j p_ij (dO_i.v_j - delta_i) k_j per query tile, walking keys as the forward.
     delta_i = rowsum(dO_i * O_i) - dLSE_i (fp32) is computed here from the tile's own rows and stored
     for the dK/dV kernel, which runs after this one: query tiles cover every row exactly once."""
-    qk_scale = tl.cast(qk_scale, tl.float32)  # Inductor passes Python floats as fp64
-    scale = tl.cast(scale, tl.float32)
+    ACC = tl.float64 if F64 else tl.float32
+    qk_scale = tl.cast(qk_scale, ACC)  # Inductor passes Python floats as fp64
+    scale = tl.cast(scale, ACC)
     pid = tl.program_id(0)
     T0 = DL0 * NB0
     T1 = DL1 * NB1
@@ -314,6 +512,7 @@ def na_bwd_dq_kernel(
     dv_mask = dv_off < DV
     r0, r1, r2 = _box(BM0, BM1, BM2)
     c0, c1, c2 = _box(BN0, BN1, BN2)
+    redo = tl.zeros([BM0 * BM1 * BM2], tl.int32)  # rows that came out non-finite, in any tile
     for tile in range(pid, num_tiles, tl.num_programs(0)):
         b, h, a0, a1, a2 = _split_tile(tile, H, T0, T1, T2)
         hk = h // G
@@ -334,9 +533,9 @@ def na_bwd_dq_kernel(
         flat = (b * H + h).to(tl.int64) * S + (p0 * L1 * L2 + p1 * L2 + p2).to(tl.int64)
         lse2 = tl.load(lse_ptr + flat, mask=row_ok, other=0.0) * 1.4426950408889634
         o = tl.load(o_ptr + flat[:, None] * DV + dv_off[None, :], mask=row_ok[:, None] & dv_mask[None, :], other=0.0)
-        delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+        delta = tl.sum(o.to(ACC) * do.to(ACC), axis=1)
         if HAS_DLSE:
-            delta -= tl.load(dlse_ptr + flat, mask=row_ok, other=0.0).to(tl.float32)
+            delta -= tl.load(dlse_ptr + flat, mask=row_ok, other=0.0).to(ACC)
         tl.store(delta_ptr + flat, delta, mask=row_ok)
         # per-row windows, and the key range of the whole tile (windows are monotone in the query)
         lo2, hi2, klo2, khi2 = _tile_windows(i2, i02, lg2, K2, ST2, C2, BM2, TRUNCATED)
@@ -348,7 +547,7 @@ def na_bwd_dq_kernel(
             lo0, hi0, klo0, khi0 = _tile_windows(i0, i00, lg0, K0, ST0, C0, BM0, TRUNCATED)
         kv_base_k = b.to(tl.int64) * skb + hk.to(tl.int64) * skh
         kv_base_v = b.to(tl.int64) * svb + hk.to(tl.int64) * svh
-        dq = tl.zeros([BM0 * BM1 * BM2, BLOCK_D], tl.float32)
+        dq = tl.zeros([BM0 * BM1 * BM2, BLOCK_D], ACC)
         for j00 in range(klo0, khi0 + 1, BN0):
             j0 = j00 + c0
             for j01 in range(klo1, khi1 + 1, BN1):
@@ -375,6 +574,23 @@ def na_bwd_dq_kernel(
         dq = dq * scale
         tl.store(dq_ptr + flat[:, None] * D + dq_off[None, :], dq.to(dq_ptr.dtype.element_ty),
                  mask=row_ok[:, None] & d_mask[None, :])
+        redo = tl.maximum(redo, _nonfinite_rows(dq, 1))
+    if tl.max(redo, axis=0) > 0:  # maybe a leak: the program's non-finite rows again, exactly (see na_fwd_kernel)
+        tl.debug_barrier()  # every thread's stores have landed
+        for tile in range(pid, num_tiles, tl.num_programs(0)):
+            for r in range(0, BM0 * BM1 * BM2):
+                b, h, hk, ri0, ri1, ri2, g0, g1, g2, flat_r, ok = _tile_row(
+                    tile, r, H, G, T0, T1, T2, NB0, NB1, NB2, DL0, DL1, DL2, L0, L1, L2, S, BM0, BM1, BM2)
+                if _stored_nonfinite(dq_ptr + flat_r * D, D, ok, BLOCK_D):
+                    q_row = b.to(tl.int64) * sqb + h.to(tl.int64) * sqh + _cell_offset(
+                        ri0, ri1, ri2, g0, g1, g2, DL0, DL1, DL2, sq0, sq1, sq2)
+                    do_row = b.to(tl.int64) * sdb + h.to(tl.int64) * sdh + _cell_offset(
+                        ri0, ri1, ri2, g0, g1, g2, DL0, DL1, DL2, sd0, sd1, sd2)
+                    _exact_dq_row(q_ptr, k_ptr, v_ptr, do_ptr, o_ptr, lse_ptr, dlse_ptr, dq_ptr, q_row, do_row,
+                                  b.to(tl.int64) * skb + hk.to(tl.int64) * skh,
+                                  b.to(tl.int64) * svb + hk.to(tl.int64) * svh, flat_r, sk0, sk1, sk2, sv0, sv1, sv2,
+                                  ri0, ri1, ri2, g0, g1, g2, L0, L1, L2, K0, K1, K2, DL0, DL1, DL2, ST0, ST1, ST2, C0,
+                                  C1, C2, D, DV, qk_scale, scale, TRUNCATED, HAS_DLSE, BLOCK_D, BLOCK_DV)
 
 
 @triton.jit
@@ -391,14 +607,15 @@ def na_bwd_dkdv_kernel(
     BM0: tl.constexpr, BM1: tl.constexpr, BM2: tl.constexpr,
     BN0: tl.constexpr, BN1: tl.constexpr, BN2: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
-    DK_BY_KEYS: tl.constexpr, MASK_BITS: tl.constexpr, WALK_TESTS: tl.constexpr,
+    DK_BY_KEYS: tl.constexpr, MASK_BITS: tl.constexpr, WALK_TESTS: tl.constexpr, F64: tl.constexpr,
 ):
     """Per key tile (BN box in one dilation group, one kv head): dV_j = sum_i p_ij dO_i and
     dK_j = scale sum_i dS_ij q_i over every query head of the GQA group and every query tile that can
     see the tile, in a fixed order (bitwise deterministic). DK_BY_KEYS accumulates dK as [keys, D] (dS^T q)
     instead of [D, keys] (q^T dS): the same sums, another register layout (see Plan.dk_by_keys)."""
-    qk_scale = tl.cast(qk_scale, tl.float32)  # Inductor passes Python floats as fp64
-    scale = tl.cast(scale, tl.float32)
+    ACC = tl.float64 if F64 else tl.float32
+    qk_scale = tl.cast(qk_scale, ACC)  # Inductor passes Python floats as fp64
+    scale = tl.cast(scale, ACC)
     pid = tl.program_id(0)
     T0 = DL0 * NN0
     T1 = DL1 * NN1
@@ -410,6 +627,7 @@ def na_bwd_dkdv_kernel(
     dv_mask = dv_off < DV
     r0, r1, r2 = _box(BM0, BM1, BM2)
     c0, c1, c2 = _box(BN0, BN1, BN2)
+    redo = tl.zeros([BN0 * BN1 * BN2], tl.int32)  # keys that came out non-finite, in any tile
     for tile in range(pid, num_tiles, tl.num_programs(0)):
         b, hk, a0, a1, a2 = _split_tile(tile, HKV, T0, T1, T2)
         g0, lg0, j00, j0, pk0 = _tile_axis(a0, NN0, DL0, L0, BN0, c0)
@@ -441,10 +659,10 @@ def na_bwd_dkdv_kernel(
         if NDIM >= 3:
             qs0, qe0 = _query_span(jl0, jh0, lg0, K0, ST0, C0, TRUNCATED)
         if DK_BY_KEYS:
-            dk = tl.zeros([BN0 * BN1 * BN2, BLOCK_D], tl.float32)
+            dk = tl.zeros([BN0 * BN1 * BN2, BLOCK_D], ACC)
         else:
-            dk = tl.zeros([BLOCK_D, BN0 * BN1 * BN2], tl.float32)
-        dv = tl.zeros([BN0 * BN1 * BN2, BLOCK_DV], tl.float32)
+            dk = tl.zeros([BLOCK_D, BN0 * BN1 * BN2], ACC)
+        dv = tl.zeros([BN0 * BN1 * BN2, BLOCK_DV], ACC)
         for gh in range(0, G):
             h = hk * G + gh
             q_base = b.to(tl.int64) * sqb + h.to(tl.int64) * sqh
@@ -518,6 +736,30 @@ def na_bwd_dkdv_kernel(
                      mask=col_ok[None, :] & d_mask[:, None])
         tl.store(dv_ptr + flat_k[:, None] * DV + dv_off[None, :], dv.to(dv_ptr.dtype.element_ty),
                  mask=col_ok[:, None] & dv_mask[None, :])
+        redo = tl.maximum(redo, _nonfinite_rows(dk, 1 if DK_BY_KEYS else 0) | _nonfinite_rows(dv, 1))
+    if tl.max(redo, axis=0) > 0:  # maybe a leak: the program's non-finite keys again, exactly (see na_fwd_kernel)
+        tl.debug_barrier()  # every thread's stores have landed
+        for tile in range(pid, num_tiles, tl.num_programs(0)):
+            b, hk, a0, a1, a2 = _split_tile(tile, HKV, T0, T1, T2)
+            g0, lg0, j00, _, _ = _tile_axis(a0, NN0, DL0, L0, BN0, 0)
+            g1, lg1, j01, _, _ = _tile_axis(a1, NN1, DL1, L1, BN1, 0)
+            g2, lg2, j02, _, _ = _tile_axis(a2, NN2, DL2, L2, BN2, 0)
+            for c in range(0, BN0 * BN1 * BN2):
+                cj0, cj1, cj2 = j00 + c // (BN1 * BN2), j01 + (c // BN2) % BN1, j02 + c % BN2
+                flat_c = (b * HKV + hk).to(tl.int64) * S + _cell_offset(cj0, cj1, cj2, g0, g1, g2, DL0, DL1, DL2,
+                                                                        L1 * L2, L2, 1)
+                cell_ok = (cj0 < lg0) & (cj1 < lg1) & (cj2 < lg2)
+                if _stored_nonfinite(dk_ptr + flat_c * D, D, cell_ok, BLOCK_D) | _stored_nonfinite(
+                        dv_ptr + flat_c * DV, DV, cell_ok, BLOCK_DV):
+                    k_row = b.to(tl.int64) * skb + hk.to(tl.int64) * skh + _cell_offset(
+                        cj0, cj1, cj2, g0, g1, g2, DL0, DL1, DL2, sk0, sk1, sk2)
+                    v_row = b.to(tl.int64) * svb + hk.to(tl.int64) * svh + _cell_offset(
+                        cj0, cj1, cj2, g0, g1, g2, DL0, DL1, DL2, sv0, sv1, sv2)
+                    _exact_dkdv_key(q_ptr, k_ptr, v_ptr, do_ptr, delta_ptr, lse_ptr, delta_ptr, delta_ptr, dk_ptr,
+                                    dv_ptr, k_row, v_row, flat_c, b, hk, H, G, sqb, sqh, sq0, sq1, sq2, sdb, sdh, sd0,
+                                    sd1, sd2, cj0, cj1, cj2, g0, g1, g2, L0, L1, L2, K0, K1, K2, DL0, DL1, DL2, ST0,
+                                    ST1, ST2, C0, C1, C2, D, DV, qk_scale, scale, TRUNCATED, False, True, BLOCK_D,
+                                    BLOCK_DV)
 
 
 @triton.jit
@@ -526,7 +768,7 @@ def na_bwd_fused_1d_kernel(
     sqb, sqh, sq, skb, skh, sk, svb, svh, sv, sdb, sdh, sd,
     H, HKV, G, D, DV, L, K, DL, ST, CAUSAL, HALO, OWN, NB, num_tiles, qk_scale, scale,
     TRUNCATED: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-    DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, HAS_DLSE: tl.constexpr,
+    DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, HAS_DLSE: tl.constexpr, F64: tl.constexpr,
 ):
     """The whole backward of a 1-D problem with a narrow window, in one launch. A program owns OWN
     consecutive within-group positions of one (batch, kv head, dilation group) and loads the BLOCK =
@@ -535,13 +777,16 @@ def na_bwd_fused_1d_kernel(
     head gives dQ of the owned queries and dK/dV of the owned keys (summed over the GQA group's heads in
     order). delta = rowsum(dO * O) - dLSE is recomputed per row; nothing goes through memory twice
     except the halo rows. Deterministic: every output row is written once by its owner."""
-    qk_scale = tl.cast(qk_scale, tl.float32)  # Inductor passes Python floats as fp64
-    scale = tl.cast(scale, tl.float32)
+    ACC = tl.float64 if F64 else tl.float32
+    qk_scale = tl.cast(qk_scale, ACC)  # Inductor passes Python floats as fp64
+    scale = tl.cast(scale, ACC)
     pid = tl.program_id(0)
     dq_off = tl.arange(0, BLOCK_D)
     dv_off = tl.arange(0, BLOCK_DV)
     d_mask = dq_off < D
     dv_mask = dv_off < DV
+    redo_q = tl.zeros([BLOCK], tl.int32)  # owned rows whose dQ came out non-finite, any head and tile
+    redo_k = tl.zeros([BLOCK], tl.int32)  # and owned keys (dK or dV)
     for tile in range(pid, num_tiles, tl.num_programs(0)):
         b, hk, _, g, t = _split_tile(tile, HKV, 1, DL, NB)  # block t of dilation group g
         lg = _group_len(L, DL, g)
@@ -559,8 +804,8 @@ def na_bwd_fused_1d_kernel(
         if DOT_FP32:
             kt = kt.to(tl.float32)
             vt = vt.to(tl.float32)
-        dk = tl.zeros([BLOCK, BLOCK_D], tl.float32)
-        dv = tl.zeros([BLOCK, BLOCK_DV], tl.float32)
+        dk = tl.zeros([BLOCK, BLOCK_D], ACC)
+        dv = tl.zeros([BLOCK, BLOCK_DV], ACC)
         for gh in range(0, G):
             h = hk * G + gh
             q_rows = b.to(tl.int64) * sqb + h.to(tl.int64) * sqh + pos * sq
@@ -571,9 +816,9 @@ def na_bwd_fused_1d_kernel(
             flat = (b * H + h).to(tl.int64) * L + pos
             o = tl.load(o_ptr + flat[:, None] * DV + dv_off[None, :], mask=valid[:, None] & dv_mask[None, :],
                         other=0.0)
-            delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+            delta = tl.sum(o.to(ACC) * do.to(ACC), axis=1)
             if HAS_DLSE:
-                delta -= tl.load(dlse_ptr + flat, mask=valid, other=0.0).to(tl.float32)
+                delta -= tl.load(dlse_ptr + flat, mask=valid, other=0.0).to(ACC)
             lse2 = tl.load(lse_ptr + flat, mask=valid, other=0.0) * 1.4426950408889634
             if DOT_FP32:
                 q = q.to(tl.float32)
@@ -587,8 +832,37 @@ def na_bwd_fused_1d_kernel(
             dq = tl.dot(ds.to(kt.dtype), tl.trans(kt), input_precision=PRECISION) * scale
             tl.store(dq_ptr + flat[:, None] * D + dq_off[None, :], dq.to(dq_ptr.dtype.element_ty),
                      mask=own[:, None] & d_mask[None, :])
+            redo_q = tl.maximum(redo_q, _nonfinite_rows(dq, 1))
         flat_k = (b * HKV + hk).to(tl.int64) * L + pos
         tl.store(dk_ptr + flat_k[:, None] * D + dq_off[None, :], (dk * scale).to(dk_ptr.dtype.element_ty),
                  mask=own[:, None] & d_mask[None, :])
         tl.store(dv_ptr + flat_k[:, None] * DV + dv_off[None, :], dv.to(dv_ptr.dtype.element_ty),
                  mask=own[:, None] & dv_mask[None, :])
+        redo_k = tl.maximum(redo_k, _nonfinite_rows(dk, 1) | _nonfinite_rows(dv, 1))
+    if tl.max(redo_q | redo_k, axis=0) > 0:  # maybe a leak: those rows and keys again, exactly (see na_fwd_kernel)
+        tl.debug_barrier()  # every thread's stores have landed
+        for tile in range(pid, num_tiles, tl.num_programs(0)):
+            b, hk, _, g, t = _split_tile(tile, HKV, 1, DL, NB)
+            lg = _group_len(L, DL, g)
+            first = t * OWN
+            for c in range(first, tl.minimum(first + OWN, lg)):  # c: an owned query, then an owned key
+                for gh in range(0, G):
+                    h = hk * G + gh
+                    flat_r = (b * H + h).to(tl.int64) * L + c * DL + g
+                    if _stored_nonfinite(dq_ptr + flat_r * D, D, True, BLOCK_D):
+                        _exact_dq_row(q_ptr, k_ptr, v_ptr, do_ptr, o_ptr, lse_ptr, dlse_ptr, dq_ptr,
+                                      b.to(tl.int64) * sqb + h.to(tl.int64) * sqh + (c * DL + g).to(tl.int64) * sq,
+                                      b.to(tl.int64) * sdb + h.to(tl.int64) * sdh + (c * DL + g).to(tl.int64) * sd,
+                                      b.to(tl.int64) * skb + hk.to(tl.int64) * skh,
+                                      b.to(tl.int64) * svb + hk.to(tl.int64) * svh, flat_r, 0, 0, sk, 0, 0, sv, 0, 0,
+                                      c, 0, 0, g, 1, 1, L, 1, 1, K, 1, 1, DL, 1, 1, ST, 0, 0, CAUSAL, D, DV, qk_scale,
+                                      scale, TRUNCATED, HAS_DLSE, BLOCK_D, BLOCK_DV)
+                flat_c = (b * HKV + hk).to(tl.int64) * L + c * DL + g
+                if _stored_nonfinite(dk_ptr + flat_c * D, D, True, BLOCK_D) | _stored_nonfinite(
+                        dv_ptr + flat_c * DV, DV, True, BLOCK_DV):
+                    _exact_dkdv_key(q_ptr, k_ptr, v_ptr, do_ptr, o_ptr, lse_ptr, dlse_ptr, lse_ptr, dk_ptr, dv_ptr,
+                                    b.to(tl.int64) * skb + hk.to(tl.int64) * skh + (c * DL + g).to(tl.int64) * sk,
+                                    b.to(tl.int64) * svb + hk.to(tl.int64) * svh + (c * DL + g).to(tl.int64) * sv,
+                                    flat_c, b, hk, H, G, sqb, sqh, 0, 0, sq, sdb, sdh, 0, 0, sd, 0, 0, c, 0, 0, g, 1,
+                                    1, L, 1, 1, K, 1, 1, DL, 1, 1, ST, 0, 0, CAUSAL, D, DV, qk_scale, scale, TRUNCATED,
+                                    HAS_DLSE, False, BLOCK_D, BLOCK_DV)

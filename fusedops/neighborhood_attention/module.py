@@ -17,8 +17,8 @@ class _NeighborhoodAttentionNd(nn.Module):
     qkv = Linear(dim, 3 dim, bias=qkv_bias) split into num_heads heads of dim // num_heads (8 to 256),
     `fusedops.neighborhood_attention` over the spatial axes (kernel_size, dilation, stride, is_causal,
     window as there: an int/bool or one per axis), then Linear(dim, dim, bias=proj_bias). Returns
-    [B, *spatial, dim] in the Linear layers' dtype (float32, float16 or bfloat16; under autocast, the autocast
-    dtype). The heads are read from the projection in place, without a copy. Bad arguments (sizes that are
+    [B, *spatial, dim] in the Linear layers' dtype (float32, float16, bfloat16 or float64; under autocast, the
+    autocast dtype). The heads are read from the projection in place, without a copy. Bad arguments (sizes that are
     not positive ints, flags that are not bools) raise ValueError naming the argument at construction; an
     input of the wrong shape, or with window="shifted" axes shorter than kernel_size * dilation, at the call.
     """

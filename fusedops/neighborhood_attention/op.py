@@ -10,7 +10,7 @@ from torch import Tensor
 
 from fusedops.launch import launch
 from fusedops.layout import unit_last_stride
-from fusedops.numerics import tf32_allowed
+from fusedops.numerics import accumulate_dtype, tf32_allowed
 from fusedops.registry import backward_direct_ok, call_direct, direct_autograd, direct_call_ok, fused_op, memoize
 from fusedops.targets import Target, size_hint, target_for
 from fusedops.validation import (
@@ -194,7 +194,7 @@ def _meta(plan, window: str, ndim: int) -> dict:
 
 def _launch_meta(plan) -> dict:
     return dict(
-        BLOCK_D=plan.block_d, BLOCK_DV=plan.block_dv, DOT_FP32=plan.dot_fp32, PRECISION=plan.precision,
+        BLOCK_D=plan.block_d, BLOCK_DV=plan.block_dv, DOT_FP32=plan.dot_fp32, PRECISION=plan.precision, F64=plan.f64,
         num_warps=plan.num_warps, **({} if plan.num_stages is None else {"num_stages": plan.num_stages}),
     )
 
@@ -227,7 +227,7 @@ def _tf32(dtype: torch.dtype) -> bool:
 
 def _forward(q, k, v, ks, dil, st, causal, scale, window, target: Target) -> tuple[Tensor, Tensor]:
     out = q.new_empty(*q.shape[:-1], v.shape[-1])
-    lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+    lse = torch.empty(q.shape[:-1], dtype=accumulate_dtype(q.dtype), device=q.device)
     q, k, v = unit_last_stride(q), unit_last_stride(k), unit_last_stride(v)
     spec = _forward_spec(q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, tuple(ks),
                          tuple(dil), tuple(st), tuple(causal), scale, window, target, tiles_override(),
@@ -304,7 +304,7 @@ def _backward(grad_out, grad_lse, q, k, v, out, lse, ks, dil, st, causal, scale,
         launch(na_bwd_fused_1d_kernel, (grid,), (q, k, v, grad_out, out, lse, dlse, dq, dk, dv), args, meta)
         return dq, dk, dv
     (grid, args, meta), (dkdv_grid, dkdv_args, dkdv_meta) = launches
-    delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
+    delta = torch.empty(lse.shape, dtype=lse.dtype, device=q.device)
     # dQ first: it also computes delta = rowsum(dO * O) - dLSE, which the dK/dV kernel reads.
     launch(na_bwd_dq_kernel, (grid,), (q, k, v, grad_out, out, lse, dlse, delta, dq), args, meta)
     launch(na_bwd_dkdv_kernel, (dkdv_grid,), (q, k, v, grad_out, lse, delta, dk, dv), dkdv_args, dkdv_meta)
@@ -313,14 +313,14 @@ def _backward(grad_out, grad_lse, q, k, v, out, lse, ks, dil, st, causal, scale,
 
 def _run(q, k, v, ks, dil, st, causal, scale, window) -> tuple[Tensor, Tensor]:
     """The op on checked, normalised arguments: kernels under the device's plan, or the reference."""
-    target = target_for(q.device)
+    target = target_for(q.device, q.dtype)
     if target is None:
         return reference.neighborhood_attention(q, k, v, ks, dil, st, causal, scale, window)
     return _forward(q, k, v, ks, dil, st, causal, scale, window, target)
 
 
 def _run_backward(grad_out, grad_lse, q, k, v, out, lse, ks, dil, st, causal, scale, window):
-    target = target_for(q.device)
+    target = target_for(q.device, q.dtype)
     if target is None:
         return reference.neighborhood_attention_backward(
             grad_out, grad_lse, q, k, v, out, lse, ks, dil, st, causal, scale, window
@@ -339,13 +339,13 @@ def neighborhood_attention_op(
 
 
 def _check_backward(grad_out, grad_lse, q, v, out, lse):
-    """grad_out and out [B, H, *spatial, Dv] in q's dtype, lse and grad_lse [B, H, *spatial] float32, all on
-    q's device (check_args has checked q, k and v)."""
+    """grad_out and out [B, H, *spatial, Dv] in q's dtype, lse and grad_lse [B, H, *spatial] float32 (float64
+    for float64 q), all on q's device (check_args has checked q, k and v)."""
     expect = (*q.shape[:-1], v.shape[-1])
     check_tensor("grad_out", grad_out, q.dtype, expect)
     check_tensor("out", out, q.dtype, expect)
-    check_tensor("lse", lse, torch.float32, q.shape[:-1])
-    check_tensor("grad_lse", grad_lse, torch.float32, q.shape[:-1], optional=True)
+    check_tensor("lse", lse, accumulate_dtype(q.dtype), q.shape[:-1])
+    check_tensor("grad_lse", grad_lse, accumulate_dtype(q.dtype), q.shape[:-1], optional=True)
     check_same_device([("q", q), ("grad_out", grad_out), ("out", out), ("lse", lse), ("grad_lse", grad_lse)])
 
 
@@ -365,7 +365,7 @@ def neighborhood_attention_backward_op(
 @neighborhood_attention_op.register_fake
 def _(q, k, v, kernel_size, dilation, stride, is_causal, scale, window):
     check_args(q, k, v, kernel_size, dilation, stride, is_causal, scale, window)
-    return q.new_empty(*q.shape[:-1], v.shape[-1]), q.new_empty(q.shape[:-1], dtype=torch.float32)
+    return q.new_empty(*q.shape[:-1], v.shape[-1]), q.new_empty(q.shape[:-1], dtype=accumulate_dtype(q.dtype))
 
 
 @neighborhood_attention_backward_op.register_fake
@@ -419,11 +419,12 @@ def neighborhood_attention(
 
     Args:
         q: [B, H, *spatial, D]; k: [B, H_kv, *spatial, D]; v: [B, H_kv, *spatial, Dv], float32/float16/
-            bfloat16 (k and v in q's dtype), 1 to 3 spatial axes, H_kv dividing H (GQA/MQA), 8 <= D, Dv <= 256. Any layout: a
-            tensor whose last dim has stride 1 is read in place (a permuted heads-last view, an
-            expanded head), others are copied first. float32 products are
+            bfloat16/float64 (k and v in q's dtype), 1 to 3 spatial axes, H_kv dividing H (GQA/MQA), 8 <= D,
+            Dv <= 256. Any layout: a tensor whose last dim has stride 1 is read in place (a permuted heads-last
+            view, an expanded head), others are copied first. float32 products are
             exact unless torch's matmul precision allows TF32 (torch.set_float32_matmul_precision("high")),
             which CUDA kernels then use, as torch's matmuls do; softmax and accumulators are float32.
+            float64 runs in float64 throughout (dots, softmax, accumulators, lse): for gradcheck.
         kernel_size, dilation, stride, is_causal: an int/bool or one per spatial axis. The neighbourhood
             of a query is the product of its per-axis windows. On an axis of length L: dilation d splits
             it into d interleaved groups (attention stays within i mod d); stride s makes each group of
@@ -436,10 +437,17 @@ def neighborhood_attention(
             slides inward at the borders) or "truncated" (Liger: centred window cut at the borders;
             odd kernel_size, stride 1; any kernel_size * dilation, as in Liger: where it exceeds L,
             queries see the keys of their dilation group that the window reaches).
-        return_lse: a bool; also return the float32 log-sum-exp [B, H, *spatial] (differentiable).
+        return_lse: a bool; also return the log-sum-exp [B, H, *spatial] (differentiable), float32 (float64
+            for float64 q).
 
     Returns:
         out [B, H, *spatial, Dv] in q's dtype, or (out, lse) with return_lse.
+
+    Non-finite values: a query's out, lse and gradients depend only on its window, so an inf or NaN reaches
+    only the queries whose window holds it (and the keys those queries see, in the backward), and there
+    gives what IEEE arithmetic gives in the reference: lse is torch.logsumexp's (-inf where every logit is
+    -inf, +inf with a +inf logit, NaN with a NaN), out softmax's (NaN then). No input is refused for its
+    values.
 
     DTensor inputs run under the DTensor sharding rules (batch or heads sharded); sharded on a spatial
     axis, they run context-parallel (`context_parallel_neighborhood_attention`: halo exchange).

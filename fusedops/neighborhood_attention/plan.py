@@ -120,6 +120,7 @@ class Plan:
     num_warps: int
     dot_fp32: bool  # upcast dot operands in the kernel (the interpreter's bf16 dot is unreliable)
     precision: str  # tl.dot input_precision of fp32 operands: "ieee" (exact) or "tf32"
+    f64: bool = False  # float64 inputs: float64 dots, accumulators and statistics (the kernels' F64)
     num_stages: int | None = None  # software-pipelining depth of the key/query loops; None: Triton's default
     fused: bool = False  # backward only: the fused 1-D kernel, BLOCK = bm[2] rows per program
     dq_registers: int | None = None  # per-thread register caps of the two backward kernels (CUDA's maxnreg)
@@ -150,13 +151,14 @@ class Plan:
         return self.bn[0] * self.bn[1] * self.bn[2]
 
 
-def _footprint(bm: int, bn: int, block_d: int, block_dv: int, backward: bool) -> int:
-    """fp32 bytes one program keeps live: q, k, v tiles, the score/probability tiles, accumulators."""
+def _footprint(bm: int, bn: int, block_d: int, block_dv: int, backward: bool, elem_bytes: int = 4) -> int:
+    """Bytes one program keeps live: q, k, v tiles, the score/probability tiles, accumulators; 4 bytes an
+    element (fp32 compute), 8 for float64 inputs."""
     if backward:
         elems = 2 * bm * block_d + 2 * bm * block_dv + 2 * bn * block_d + 2 * bn * block_dv + 3 * bm * bn
     else:
         elems = bm * block_d + bn * block_d + bn * block_dv + 2 * bm * bn + bm * block_dv
-    return 4 * elems
+    return elem_bytes * elems
 
 
 def _clamp(box: list[int], limits: Sequence[int], floor: int) -> list[int]:
@@ -173,10 +175,10 @@ def _clamp(box: list[int], limits: Sequence[int], floor: int) -> list[int]:
     return box
 
 
-def _fused_footprint(block: int, block_d: int, block_dv: int) -> int:
-    """fp32 bytes the fused 1-D backward keeps live: q, k, dK (D wide), dO, O, v, dV (Dv wide), and two
-    block x block score tiles."""
-    return 4 * (3 * block * block_d + 4 * block * block_dv + 2 * block * block)
+def _fused_footprint(block: int, block_d: int, block_dv: int, elem_bytes: int = 4) -> int:
+    """Bytes the fused 1-D backward keeps live: q, k, dK (D wide), dO, O, v, dV (Dv wide), and two block x
+    block score tiles; 4 bytes an element (fp32 compute), 8 for float64 inputs."""
+    return elem_bytes * (3 * block * block_d + 4 * block * block_dv + 2 * block * block)
 
 
 def tiles_override() -> str:
@@ -212,17 +214,22 @@ def fused_1d_block(target: Target, halo: int, block_d: int, block_dv: int, dtype
                    ) -> tuple[int, int | None, int | None] | None:
     """(rows per program, warps, stages) of the fused 1-D backward, or None where the two-kernel
     backward is the better or the only choice (see CUDA_FUSED and FUSED_BLOCKS). On CUDA never for
-    fp32: its ieee dots compile to kilobytes of register spills at every block size."""
+    fp32 or float64: their ieee dots compile to kilobytes of register spills at every block size."""
     if target.vendor == "cuda" and not target.interpreted:
         widest = next((w for d, w in sorted(CUDA_FUSED.items()) if max(block_d, block_dv) <= d), None)
-        if widest is None or dtype == torch.float32 or halo > widest:
+        if widest is None or dtype in (torch.float32, torch.float64) or halo > widest:
             return None
         return (CUDA_FUSED_BLOCK, *CUDA_FUSED_LAUNCH)
     kind = "interpreter" if target.interpreted and target.vendor == "cuda" else target.vendor
     block = next((b for b in FUSED_BLOCKS[kind] if b >= 4 * halo), None)
-    if block is None or _fused_footprint(block, block_d, block_dv) > target.onchip_bytes:
+    if block is None or _fused_footprint(block, block_d, block_dv, elem_bytes(dtype)) > target.onchip_bytes:
         return None
     return block, None, None
+
+
+def elem_bytes(dtype: torch.dtype) -> int:
+    """Bytes of one on-chip element of the kernels' compute: 8 for float64 inputs, else 4 (fp32)."""
+    return 8 if dtype == torch.float64 else 4
 
 
 def make_plan(
@@ -242,16 +249,18 @@ def make_plan(
     # tl.dot tiles keep M, N, K >= 16 except on the CUDA plan's interpreter (upstream triton's allows
     # any size): triton-ascend 3.2's interpreter asserts 16 (the Ascend CI stage), as GPUs need.
     floor = 1 if interpreted and target.vendor == "cuda" else MIN_DOT
-    dot_fp32 = interpreted or dtype == torch.float32
+    f64 = dtype == torch.float64
+    dot_fp32 = (interpreted or dtype == torch.float32) and not f64
+    wide = dot_fp32 or f64  # 32- or 64-bit dot operands: CUDA's exact (ieee) plans, not the 16-bit ones
     # "tf32" on a GPU (ignored by 16-bit dots, TF32 for fp32 ones where allowed); triton-ascend refuses it
     # (its "hf32" is not taken: fp32 dots stay exact on Ascend), and 16-bit dots there take "ieee".
-    precision = "tf32" if cuda_gpu and (not dot_fp32 or tf32) else "ieee"
+    precision = "ieee" if f64 else "tf32" if cuda_gpu and (not dot_fp32 or tf32) else "ieee"
     warps = stages = None
     dkdv_boxes = None
     # the rows of keys an 8-row query box can need on a 2-D problem's outer axis (or queries an 8-row key box)
     span = CUDA_2D_QUERY_BOX[1] + kernel[1] + stride[1] - 2
     tall = next((rows for rows in sorted(CUDA_2D_TALL) if span <= rows), None)
-    tall = tall if cuda_gpu and ndim == 2 and not dot_fp32 and max(block_d, block_dv) <= 128 else None
+    tall = tall if cuda_gpu and ndim == 2 and not wide and max(block_d, block_dv) <= 128 else None
     if tall is not None:
         forward_keys, dq_keys, dkdv_queries, dkdv_keys = CUDA_2D_TALL[tall]
         bm, bn, warps = list(CUDA_2D_QUERY_BOX), list(dq_keys if backward else forward_keys), 4
@@ -260,7 +269,10 @@ def make_plan(
     elif not cuda_gpu:
         bm, bn = (list(b) for b in LARGE_BOXES[ndim])
     elif precision == "ieee" and not (ndim == 1 and kernel_volume <= NARROW_WINDOW):
-        query, key, warps = next(plan for d, plan in sorted(CUDA_IEEE.items()) if max(block_d, block_dv) <= d)
+        # a float64 element takes two registers: the tiles of a head twice as wide (the smallest past 256)
+        width = max(block_d, block_dv) * elem_bytes(dtype) // 4
+        query, key, warps = next((plan for d, plan in sorted(CUDA_IEEE.items()) if width <= d),
+                                 CUDA_IEEE[max(CUDA_IEEE)])
         bm, bn = list(IEEE_BOXES[query][ndim]), list(IEEE_BOXES[key][ndim])
     elif not backward:
         box_m, box_n, warps = CUDA_FORWARD[ndim]
@@ -290,7 +302,7 @@ def make_plan(
             block, fused_warps, fused_stages = fused
             return Plan(bm=(1, 1, block), bn=(1, 1, block), block_d=block_d, block_dv=block_dv,
                         num_warps=fused_warps or (4 if block <= 64 else 8), num_stages=fused_stages, fused=True,
-                        dot_fp32=dot_fp32, precision=precision)
+                        dot_fp32=dot_fp32, precision=precision, f64=f64)
     if override is not None:
         bm, bn, warps, stages = list(override[0]), list(override[1]), override[2], override[3]
     bm = _clamp(bm, group_len, floor)
@@ -298,8 +310,8 @@ def make_plan(
     # shrink to the on-chip budget, the larger of the two boxes first, along its longest axis (an
     # override is taken as given: a sweep times exactly the tiles it names, or fails to compile them; the
     # measured 2-D tiles are taken as they are)
-    while override is None and tall is None and _footprint(
-            bm[0] * bm[1] * bm[2], bn[0] * bn[1] * bn[2], block_d, block_dv, backward) > target.onchip_bytes:
+    while override is None and tall is None and _footprint(bm[0] * bm[1] * bm[2], bn[0] * bn[1] * bn[2], block_d,
+                                                           block_dv, backward, elem_bytes(dtype)) > target.onchip_bytes:
         vm, vn = bm[0] * bm[1] * bm[2], bn[0] * bn[1] * bn[2]
         box = bm if vm >= vn else bn
         if box[0] * box[1] * box[2] // 2 < floor:
@@ -312,7 +324,7 @@ def make_plan(
     if warps is None:
         warps = 4 if bm[0] * bm[1] * bm[2] * bn[0] * bn[1] * bn[2] <= 64 * 64 else 8
     cap = None
-    if backward and cuda_gpu and override is None and not dot_fp32 and warps == 4 and max(block_d, block_dv) <= 128:
+    if backward and cuda_gpu and override is None and not wide and warps == 4 and max(block_d, block_dv) <= 128:
         cap = CUDA_REGISTER_CAP
     if tall is not None and max(block_d, block_dv) > 64:
         cap = None  # the tall 2-D dQ tiles at D 128: 488 us uncapped, 537 capped (13x13, bench/NOTES.md run 20)
@@ -324,12 +336,13 @@ def make_plan(
     fwd_cap = None
     if tall is not None and not backward and override is None and max(block_d, block_dv) <= 64:
         fwd_cap = CUDA_2D_NARROW_CAP if tall <= 16 else CUDA_REGISTER_CAP
-    fwd_bits, dq_bits, dkdv_bits, walk_tests = _mask_choices(target, tall, ndim, dot_fp32, max(block_d, block_dv))
+    fwd_bits, dq_bits, dkdv_bits, walk_tests = _mask_choices(target, tall, ndim, wide, max(block_d, block_dv))
     plan = Plan(bm=tuple(bm), bn=tuple(bn), block_d=block_d, block_dv=block_dv, num_warps=warps, num_stages=stages,
-                dot_fp32=dot_fp32, precision=precision, dq_registers=cap, dkdv_registers=cap if ndim == 1 else None,
-                fwd_registers=fwd_cap, one_compare_mask=ndim == 1 and not (cuda_gpu and dot_fp32),
+                dot_fp32=dot_fp32, precision=precision, f64=f64, dq_registers=cap,
+                dkdv_registers=cap if ndim == 1 else None, fwd_registers=fwd_cap,
+                one_compare_mask=ndim == 1 and not (cuda_gpu and wide),
                 mask_bits=(dq_bits if backward else fwd_bits) and mask_bits_fit(bn, ndim), walk_tests=walk_tests,
-                dk_by_keys=backward and cuda_gpu and not dot_fp32 and block_d == 128)
+                dk_by_keys=backward and cuda_gpu and not wide and block_d == 128)
     dkdv = _override(True, dkdv=True) if backward and not interpreted else None
     if dkdv is None and dkdv_boxes is not None and override is None:
         dkdv = (*dkdv_boxes, warps, stages)
@@ -349,12 +362,13 @@ def mask_bits_fit(key_box: Sequence[int], ndim: int) -> bool:
     return ndim >= 2 and (sum(key_box) if ndim == 3 else key_box[1] + key_box[2]) <= MASK_BITS_WIDTH
 
 
-def _mask_choices(target: Target, tall: int | None, ndim: int, dot_fp32: bool, head_dim: int
+def _mask_choices(target: Target, tall: int | None, ndim: int, wide: bool, head_dim: int
                   ) -> tuple[bool, bool, bool, bool]:
-    """(forward, dQ, dK/dV) bit-set window masks and the dK/dV walk's chunk tests (see MASK_BITS_WIDTH)."""
+    """(forward, dQ, dK/dV) bit-set window masks and the dK/dV walk's chunk tests (see MASK_BITS_WIDTH); wide:
+    32- or 64-bit dot operands."""
     if target.interpreted and target.vendor == "cuda":
         return True, True, True, False  # the interpreter's CUDA plan runs these paths, the Ascend plan the others
-    if target.vendor != "cuda" or dot_fp32:
+    if target.vendor != "cuda" or wide:
         return False, False, False, True
     narrow = head_dim <= 64
     return tall == 16, ndim == 3 and narrow, tall == 16 or (ndim == 3 and narrow), not (tall == 16 and narrow)

@@ -13,7 +13,8 @@ i' = i // d over a group of length L_g = L // d + (g < L % d):
 Every axis's window is an interval [lo, hi] of within-group coordinates; the neighborhood of a query
 is the product of its per-axis windows. This module never builds an S x S mask: it makes an
 [S, kernel] table of neighbour indices and walks the queries in chunks, so memory is O(S x kernel).
-All arithmetic is float32; results are cast back to the input dtype (LSE stays float32).
+All arithmetic is float32 (float64 for float64 inputs); results are cast back to the input dtype (LSE
+stays float32, float64 for float64 inputs).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from typing import Sequence
 
 import torch
 from torch import Tensor
+
+from fusedops.numerics import accumulate_dtype
 
 # Upper bound on the elements of one chunk's gathered keys (fp32): keeps the reference frugal.
 CHUNK_ELEMENTS = 1 << 24
@@ -72,8 +75,8 @@ def neighbor_table(
 
 
 def _flat(t: Tensor) -> Tensor:
-    """[B, H, *spatial, D] -> [B, H, S, D] float32."""
-    return t.reshape(t.shape[0], t.shape[1], math.prod(t.shape[2:-1]), t.shape[-1]).float()
+    """[B, H, *spatial, D] -> [B, H, S, D] in the compute dtype (float32; float64 for float64)."""
+    return t.reshape(t.shape[0], t.shape[1], math.prod(t.shape[2:-1]), t.shape[-1]).to(accumulate_dtype(t.dtype))
 
 
 def _chunk(b: int, h: int, k: int, d: int) -> int:
@@ -94,12 +97,12 @@ def neighborhood_attention(
     q: Tensor, k: Tensor, v: Tensor, kernel_size: Sequence[int], dilation: Sequence[int],
     stride: Sequence[int], is_causal: Sequence[bool], scale: float, window: str,
 ) -> tuple[Tensor, Tensor]:
-    """(out [B, H, *spatial, Dv] in q's dtype, lse [B, H, *spatial] float32)."""
+    """(out [B, H, *spatial, Dv] in q's dtype, lse [B, H, *spatial] float32, float64 for float64 q)."""
     index, valid, qf, kf, vf = _gqa_views(q, k, v, kernel_size, dilation, stride, is_causal, window)
     batch, kv_heads, groups, tokens = qf.shape[:4]
     kernel = index.shape[1]
     out = q.new_empty(batch, kv_heads, groups, tokens, v.shape[-1])
-    lse = torch.empty(batch, kv_heads, groups, tokens, dtype=torch.float32, device=q.device)
+    lse = torch.empty(batch, kv_heads, groups, tokens, dtype=qf.dtype, device=q.device)
     step = _chunk(batch, kv_heads, kernel, max(q.shape[-1], v.shape[-1]) * 2)
     for r0 in range(0, tokens, step):
         r1 = min(tokens, r0 + step)
@@ -131,14 +134,14 @@ def neighborhood_attention_backward(
     # explicit sizes, no -1: a batch of 0 leaves nothing to infer a dim from
     go = _flat(grad_out).reshape(batch, kv_heads, groups, tokens, v.shape[-1])
     of = _flat(out).reshape(batch, kv_heads, groups, tokens, v.shape[-1])
-    lf = lse.reshape(batch, kv_heads, groups, tokens).float()
+    lf = lse.reshape(batch, kv_heads, groups, tokens).to(qf.dtype)
     delta = (go * of).sum(-1)
     if grad_lse is not None:
-        delta = delta - grad_lse.reshape(batch, kv_heads, groups, tokens).float()
+        delta = delta - grad_lse.reshape(batch, kv_heads, groups, tokens).to(qf.dtype)
     # contiguous like the fake kernel's outputs (empty_like would keep a permuted input's strides)
-    dq = torch.empty(qf.shape, dtype=torch.float32, device=q.device)
-    dk = torch.zeros(kf.shape, dtype=torch.float32, device=q.device)
-    dv = torch.zeros(vf.shape, dtype=torch.float32, device=q.device)
+    dq = torch.empty(qf.shape, dtype=qf.dtype, device=q.device)
+    dk = torch.zeros(kf.shape, dtype=qf.dtype, device=q.device)
+    dv = torch.zeros(vf.shape, dtype=qf.dtype, device=q.device)
     step = _chunk(batch, heads, kernel, max(q.shape[-1], v.shape[-1]) * 2)
     for r0 in range(0, tokens, step):
         r1 = min(tokens, r0 + step)
