@@ -1,6 +1,3 @@
-"""fusedops benchmarks: `python -m bench` (see bench/__main__.py) and one module per op.
-
-Each op benchmark `bench/<op>.py` exposes `run(ctx: bench.common.Context) -> list[dict]`.
-"""
-
-OPS = ("attn_res", "neighborhood_attention", "embedding")
+"""`python -m bench` in a checkout: an alias of `python -m fusedops.bench` (the benchmark ships in the package,
+fusedops/bench/). This folder holds what is not package code: NOTES.md (every measurement), results/ (the
+runs' JSON and plots), gpu_check.sh, and experiments/ (one-off scripts, imported by nothing)."""

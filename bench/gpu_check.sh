@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# One call on a CUDA machine: the GPU tests of every op, then `python -m bench`, with every log kept
+# One call on a CUDA machine: the GPU tests of every op, then `python -m fusedops.bench`, with every log kept
 # under $OUT (default ./gpu-logs) as it is written, so a run cut by a time limit still leaves its
 # numbers. Baseline wheels in .whl/ (liger-kernel, fla-core, einops) are installed to /tmp/site first.
 #   STEPS="host tune tests bench" OPS="attn_res embedding" TEST_S=200 BENCH_S=330 bash bench/gpu_check.sh
-# STEPS (default "tests bench"): host = bench.host (host overhead vs GPU time), tune = bench.tune_attn_res
-# (attn_res plan sweep), depthtune / depthfwd = the attn_res depth-tile backward / forward sweeps, stashtune =
+# STEPS (default "tests bench"): host = fusedops.bench.host (host overhead vs GPU time),
+# tune = fusedops.bench.tune_attn_res (attn_res plan sweep), depthtune / depthfwd = the attn_res depth-tile backward / forward sweeps, stashtune =
 # the attn_res backward with its partial sums stashed in grad_values or in their own buffer,
-# embtune = embedding backward-kernel variants, natune = bench.tune_neighborhood_attention,
-# breakdown = bench.breakdown (device time per kernel of a fwd+bwd step),
+# embtune = embedding backward-kernel variants, natune = fusedops.bench.tune_neighborhood_attention,
+# breakdown = fusedops.bench.breakdown (device time per kernel of a fwd+bwd step),
 # tests = the GPU tests, aoti = the AOTInductor package test (3.5-5 min of compiling), lm = the example model,
-# bench = python -m bench.
+# bench = python -m fusedops.bench.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-logs}
@@ -23,28 +23,28 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 for step in ${STEPS:-tests bench}; do
   case $step in
     host)
-      timeout "${HOST_S:-150}" python3 -m bench.host > "$OUT/host.txt" 2>&1
+      timeout "${HOST_S:-150}" python3 -m fusedops.bench.host > "$OUT/host.txt" 2>&1
       echo "host (exit $?):"; head -n 24 "$OUT/host.txt" ;;
     tune)
-      timeout "${TUNE_S:-150}" python3 -m bench.tune_attn_res > "$OUT/tune.txt" 2>&1
+      timeout "${TUNE_S:-150}" python3 -m fusedops.bench.tune_attn_res > "$OUT/tune.txt" 2>&1
       echo "tune (exit $?):"; cat "$OUT/tune.txt" ;;
     depthtune)
-      timeout "${TUNE_S:-150}" python3 -m bench.tune_attn_res depth > "$OUT/depthtune.txt" 2>&1
+      timeout "${TUNE_S:-150}" python3 -m fusedops.bench.tune_attn_res depth > "$OUT/depthtune.txt" 2>&1
       echo "depthtune (exit $?):"; sed -n '/^case |/,$p' "$OUT/depthtune.txt" ;;
     stashtune)
-      timeout "${TUNE_S:-150}" python3 -m bench.tune_attn_res stash > "$OUT/stashtune.txt" 2>&1
+      timeout "${TUNE_S:-150}" python3 -m fusedops.bench.tune_attn_res stash > "$OUT/stashtune.txt" 2>&1
       echo "stashtune (exit $?):"; sed -n '/^case |/,$p' "$OUT/stashtune.txt" ;;
     depthfwd)
-      timeout "${TUNE_S:-150}" python3 -m bench.tune_attn_res depth-fwd > "$OUT/depthfwd.txt" 2>&1
+      timeout "${TUNE_S:-150}" python3 -m fusedops.bench.tune_attn_res depth-fwd > "$OUT/depthfwd.txt" 2>&1
       echo "depthfwd (exit $?):"; sed -n '/^case |/,$p' "$OUT/depthfwd.txt" ;;
     embtune)
-      timeout "${EMBTUNE_S:-150}" python3 -c "from bench.embedding import sweep_bwd; sweep_bwd()" > "$OUT/embtune.txt" 2>&1
+      timeout "${EMBTUNE_S:-150}" python3 -c "from fusedops.bench.embedding import sweep_bwd; sweep_bwd()" > "$OUT/embtune.txt" 2>&1
       echo "embtune (exit $?):"; cat "$OUT/embtune.txt" ;;
     breakdown)
-      timeout "${BREAKDOWN_S:-150}" python3 -m bench.breakdown ${OPS:-} > "$OUT/breakdown.txt" 2>&1
+      timeout "${BREAKDOWN_S:-150}" python3 -m fusedops.bench.breakdown ${OPS:-} > "$OUT/breakdown.txt" 2>&1
       echo "breakdown (exit $?):"; cat "$OUT/breakdown.txt" ;;
     natune)
-      timeout "${NATUNE_S:-150}" python3 -m bench.tune_neighborhood_attention > "$OUT/natune.txt" 2>&1
+      timeout "${NATUNE_S:-150}" python3 -m fusedops.bench.tune_neighborhood_attention > "$OUT/natune.txt" 2>&1
       echo "natune (exit $?):"; cat "$OUT/natune.txt" ;;
     tests)
       tests=()
@@ -60,7 +60,7 @@ for step in ${STEPS:-tests bench}; do
       timeout "${LM_S:-200}" python3 -m fusedops.examples.lm --out "$OUT/lm" > "$OUT/lm.txt" 2>&1
       echo "lm (exit $?):"; tail -n 25 "$OUT/lm.txt" ;;
     bench)
-      timeout "${BENCH_S:-330}" python3 -m bench ${OPS:-} --device cuda --no-plots --out "$OUT" \
+      timeout "${BENCH_S:-330}" python3 -m fusedops.bench ${OPS:-} --device cuda --no-plots --out "$OUT" \
         > "$OUT/bench.txt" 2> "$OUT/bench_progress.txt"
       echo "bench (exit $?):"
       if [ -s "$OUT/bench.txt" ]; then tail -n 70 "$OUT/bench.txt"; else grep -E "ms" "$OUT/bench_progress.txt" | tail -n 60; fi ;;

@@ -26,6 +26,12 @@ from typing import Sequence
 import torch
 from torch.library import wrap_triton
 
+try:
+    from triton.runtime.interpreter import InterpretedFunction as _InterpretedFunction
+except ImportError:  # pragma: no cover - a Triton without the interpreter (triton-ascend's has it)
+    class _InterpretedFunction:  # noqa: N801 - never instantiated: isinstance() is always False
+        pass
+
 try:  # Triton >= 3.4; older ones (triton-ascend 3.2) launch through the runner
     from triton import knobs as _knobs
 except ImportError:  # pragma: no cover
@@ -100,8 +106,11 @@ def launch(kernel, grid: tuple[int, ...], tensors: Sequence[torch.Tensor], scala
 
 def _launch_wrapped(kernel, grid, tensors, scalars, meta) -> None:
     meta = {k: v for k, v in meta.items() if k != "maxnreg"}
+    # Under TRITON_INTERPRET=1 a kernel is an InterpretedFunction and runs as it is: torch 2.13's wrap_triton
+    # hands it back unchanged, torch 2.11's refuses it ("wrap_triton only works on functions annotated ...").
+    runner = kernel if isinstance(kernel, _InterpretedFunction) else wrap_triton(kernel)
     with _interpreter_turn(tensors[0]):
-        wrap_triton(kernel)[grid](*tensors, *scalars, **meta)
+        runner[grid](*tensors, *scalars, **meta)
 
 
 def _interpreter_turn(t: torch.Tensor) -> contextlib.AbstractContextManager:

@@ -1,4 +1,4 @@
-"""`python -m bench` quick mode on CPU: exits 0, reports every op, and the interpreter parity passes.
+"""`python -m fusedops.bench` quick mode on CPU: exits 0, reports every op, and the interpreter parity passes.
 
 Runs the real command in a subprocess (as a user would), plus unit checks of the harness pieces.
 """
@@ -14,22 +14,26 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from fusedops.bench import OPS
+from fusedops.bench.__main__ import format_table, plot
+from fusedops.bench.common import Context, case_name, error_row, fwd_bwd_fns, measure
 
-from bench import OPS  # noqa: E402
-from bench.__main__ import format_table, plot  # noqa: E402
-from bench.common import Context, case_name, error_row, fwd_bwd_fns, measure  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _env() -> dict:
+    """The environment of a user's shell: no interpreter switches, this checkout's fusedops importable."""
+    env = {k: v for k, v in os.environ.items() if k not in ("FUSEDOPS_INTERPRET", "TRITON_INTERPRET")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return env
 
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    env = {k: v for k, v in os.environ.items() if k not in ("FUSEDOPS_INTERPRET", "TRITON_INTERPRET")}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     proc = subprocess.run(
-        [sys.executable, "-m", "bench", "--quick", "--device", "cpu", "--no-plots", "--out", str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=420,
+        [sys.executable, "-m", "fusedops.bench", "--quick", "--device", "cpu", "--no-plots", "--out", str(out)],
+        cwd=out, env=_env(), capture_output=True, text=True, timeout=420,
     )
     files = list(out.glob("cpu-*.json"))
     data = json.loads(files[0].read_text()) if len(files) == 1 else None
@@ -41,9 +45,61 @@ def test_quick_cpu_exits_zero_and_writes_json(quick_run):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert data is not None, "expected exactly one bench/results-style JSON file"
     assert data["meta"]["device"] == "cpu" and data["meta"]["quick"] is True
-    assert data["meta"]["ceiling_tbps"] > 0
-    # the table is printed, with a header and the ceiling line
-    assert "provider" in proc.stdout and "ceiling" in proc.stdout
+    assert data["meta"]["parity"].startswith("PASS")
+
+
+def test_quick_cpu_table_leads_with_parity_and_calls_timings_indicative(quick_run):
+    """On a CPU the parity check is the result: it heads the table; the timings under it say they are
+    indicative, and no % of copy bandwidth is printed or recorded."""
+    proc, data = quick_run
+    out = proc.stdout
+    assert out.lstrip().startswith("Kernel-vs-reference parity"), out[:500]
+    assert "PASS" in out.splitlines()[0]
+    assert "indicative only" in out and out.index("indicative only") > out.index("fusedops[ascend-plan,interp]")
+    assert "% copy" not in out and "ceiling" not in out
+    assert data["meta"]["ceiling_tbps"] is None
+    assert not any("pct_ceiling" in r for r in data["rows"])
+
+
+def test_quick_cpu_missing_baselines_get_one_line(quick_run):
+    """Baselines that are not installed (Liger, fla on this machine) are one line, not an error per row."""
+    proc, data = quick_run
+    missing = [r for r in data["rows"] if r.get("missing")]
+    assert len(missing) == len({(r["op"], r["provider"]) for r in missing})
+    errors = [r for r in data["rows"] if r.get("error") and not r.get("missing")]
+    assert not errors, errors
+    lines = [ln for ln in proc.stdout.splitlines() if "not importable" in ln]
+    assert len(lines) <= 1, lines
+    if missing:
+        assert lines and lines[0].startswith("optional baselines not importable, skipped:")
+
+
+def test_sizes_select_the_cases_of_the_device_that_runs(tmp_path):
+    """--sizes picks from the running device's cases (the CPU's here); an op with none selected is skipped, and
+    a selection that matches nothing exits 2 and lists the cases there are."""
+    from fusedops.bench import attn_res
+    from fusedops.bench.__main__ import select_ops
+
+    cpu = torch.device("cpu")
+    ctx = Context(device=cpu, sizes=["16,1,256,1024"], verbose=False)
+    assert ctx.cases_of(attn_res) == [(16, 1, 256, 1024)]
+    assert select_ops(list(OPS), ctx) == (["attn_res"], "")
+    assert Context(device=torch.device("cuda"), sizes=["8,1,8192,4096"]).cases_of(attn_res) == [(8, 1, 8192, 4096)]
+    assert Context(device=cpu, sizes=["8,1,8192,4096"]).cases_of(attn_res) == []
+    proc = subprocess.run(
+        [sys.executable, "-m", "fusedops.bench", "--device", "cpu", "--no-plots", "--out", str(tmp_path),
+         "--sizes", "8,1,8192,4096"], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "selects no case on cpu" in proc.stderr
+    assert "attn_res: 8,1,512,1024" in proc.stderr and "embedding: 4096,256,2048" in proc.stderr
+    assert not list(tmp_path.glob("*.json"))
+
+
+def test_repository_alias_runs_the_packaged_bench():
+    """`python -m bench` in a checkout is `python -m fusedops.bench`."""
+    proc = subprocess.run([sys.executable, "-m", "bench", "--help"], cwd=ROOT, env=_env(), capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0 and "python -m fusedops.bench" in proc.stdout, proc.stdout + proc.stderr
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -112,19 +168,42 @@ def test_table_and_plot(tmp_path):
         {"op": "x", "case": "1,2", "provider": "fusedops", "mode": "fwd", "ms": 1.0, "tbps": 2.0, "pct_ceiling": 80.0,
          "peak_mb": 3.0},
         {"op": "x", "case": "1,2", "provider": "eager", "mode": "fwd", "ms": 2.0, "tbps": 1.0, "pct_ceiling": 40.0},
-        error_row("x", "1,2", "liger", "fwd", ImportError("liger_kernel not importable")),
+        error_row("x", "1,2", "flex", "fwd", RuntimeError("flex exploded")),
+        {"op": "x", "case": "-", "provider": "liger", "mode": "-", "ms": None, "missing": True,
+         "error": "liger_kernel.ops.x not importable (ModuleNotFoundError: No module named 'liger_kernel')"},
         {"op": "y", "case": "parity tiny", "provider": "fusedops[cuda-plan,interp]", "mode": "fwd+bwd", "ms": 9.0,
          "rel_err": 1e-7, "tol": 1e-4, "ok": True},
     ]
     table = format_table(rows, 2.5)
-    assert "80.0" in table and "liger_kernel not importable" in table and "1.0e-07" in table
+    assert "80.0" in table and "flex exploded" in table and "1.0e-07" in table and "% copy" in table
+    (line,) = [ln for ln in table.splitlines() if "liger" in ln]
+    assert line.startswith("optional baselines not importable, skipped: liger (x; ")
+    cpu = format_table(rows, float("nan"), cpu=True)
+    assert cpu.startswith("Kernel-vs-reference parity") and "PASS (1/1" in cpu.splitlines()[0]
+    assert "80.0" not in cpu and "% copy" not in cpu and "indicative only" in cpu
     pytest.importorskip("matplotlib")
-    paths = plot(rows, tmp_path, "cpu-test", "title")
-    assert [p.name for p in paths] == ["cpu-test-x.png"] and paths[0].stat().st_size > 0
+    paths = plot(rows, tmp_path, "gpu-test", "title")
+    assert [p.name for p in paths] == ["gpu-test-x.png"] and paths[0].stat().st_size > 0
+    paths = plot(rows, tmp_path, "cpu-test", "title", cpu=True)  # on a CPU, the parity panel too
+    assert [p.name for p in paths] == ["cpu-test-x.png", "cpu-test-y.png"]
+
+
+def test_missing_baseline_is_one_row_per_op():
+    from fusedops.bench.common import optional_import
+
+    ctx = Context(device=torch.device("cpu"), quick=True, verbose=False)
+    with pytest.raises(ImportError) as info:
+        optional_import("no_such_baseline_module")
+    rows = ctx.failed("op", "1,2", "liger", ("fwd", "bwd"), info.value)
+    rows += ctx.failed("op", "3,4", "liger", ("fwd", "bwd"), info.value)
+    assert len(rows) == 1 and rows[0]["missing"] and rows[0]["case"] == "-"
+    assert len(ctx.failed("other_op", "1,2", "liger", ("fwd",), info.value)) == 1
+    broken = ctx.failed("op", "1,2", "fusedops", ("fwd", "bwd"), RuntimeError("boom"))
+    assert [r["mode"] for r in broken] == ["fwd", "bwd"] and all("boom" in r["error"] for r in broken)
 
 
 def test_missing_op_module_is_a_row_not_a_crash(monkeypatch):
-    from bench import __main__ as main
+    from fusedops.bench import __main__ as main
 
     ctx = Context(device=torch.device("cpu"), quick=True, verbose=False)
     rows = main.run_op("no_such_op_module", ctx)
@@ -134,7 +213,7 @@ def test_missing_op_module_is_a_row_not_a_crash(monkeypatch):
 def test_alternated_rows_take_turns_and_report_medians():
     """The benches time host-bound steps in alternation: each round times every provider once, in
     order, and each row holds the median of its provider's rounds."""
-    from bench.common import alternated_rows
+    from fusedops.bench.common import alternated_rows
 
     calls = []
 

@@ -241,3 +241,16 @@ def test_command_line_runs_with_inductor(tmp_path):
     assert (tmp_path / "lm.pt2").stat().st_size > 0
     pytest.importorskip("matplotlib")
     assert (tmp_path / "loss.png").stat().st_size > 0
+
+
+def test_loss_plot_without_matplotlib_says_it_was_skipped(tmp_path, monkeypatch, capsys):
+    """Without matplotlib the example still runs, and says that it skipped the PNG and why."""
+    import sys
+
+    from fusedops.examples.lm import save_loss_plot
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
+    assert save_loss_plot([3.0, 2.0], str(tmp_path / "loss.png")) is False
+    out = capsys.readouterr().out
+    assert "loss curve not saved" in out and "matplotlib is not importable" in out
+    assert not (tmp_path / "loss.png").exists()

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 import fusedops
-from bench.common import gpu_time_ms
-from bench.host import host_ms, wall_ms
+from fusedops.bench.common import gpu_time_ms
+from fusedops.bench.host import host_ms, wall_ms
 from fusedops.embedding import op as emb
 from fusedops.registry import call_direct
 from fusedops.targets import target_for

@@ -354,12 +354,15 @@ def aoti_package(model: nn.Module, example: Tensor, path: str):
 
 
 def save_loss_plot(losses: list[float], path: str, floor: Optional[float] = None, title: str = "") -> bool:
+    """The loss curve as a PNG at path; False, saying so and why, when matplotlib does not import."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-    except Exception:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001
+        print(f"loss curve not saved ({path}): matplotlib is not importable ({type(e).__name__}: {e}); "
+              "`pip install matplotlib` (or fusedops[bench]) for the PNG")
         return False
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(losses, lw=1, label="training loss")

@@ -1,4 +1,4 @@
-"""Host overhead vs GPU time of one step of each op (CUDA): python -m bench.host
+"""Host overhead vs GPU time of one step of each op (CUDA): python -m fusedops.bench.host
 
 For a small case of each op (where the host, not the GPU, bounds the step) it prints the wall time
 per call of the public wrapper (the direct eager path), of the same call through torch.ops, and of a
@@ -19,7 +19,7 @@ import time
 import torch
 
 import fusedops
-from bench.common import gpu_time_ms
+from fusedops.bench.common import gpu_time_ms
 
 
 def wall_ms(fn, reps: int = 200) -> float:

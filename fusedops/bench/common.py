@@ -1,12 +1,14 @@
 """What every op benchmark shares: the run context, timing, memory, rows.
 
-An op benchmark is a module `bench/<op>.py` with `run(ctx: Context) -> list[dict]`. Each row has the
-keys op, case (str), provider, mode ("fwd" | "bwd" | "fwd+bwd"), ms, and where meaningful tbps,
-pct_ceiling, tflops, peak_mb, error (str: the provider failed or is not importable). `measure` builds
-such a row from a callable and never raises.
+An op benchmark is a module `fusedops/bench/<op>.py` with `CASES` (the accelerator cases), `CPU_CASES`,
+`QUICK` ({"cpu": [...], "gpu": [...]}) and `run(ctx: Context) -> list[dict]`, which times
+`ctx.cases_of(module)`. Each row has the keys op, case (str), provider, mode ("fwd" | "bwd" | "fwd+bwd"),
+ms, and where meaningful tbps, pct_ceiling (accelerators only), tflops, peak_mb, error (str: the provider
+failed). `measure` builds such a row from a callable and never raises; `ctx.failed` turns a provider that
+could not be set up into rows (a baseline that is not installed into one row per op, `missing: True`).
 
 An op module may also define `parity_case(device, dtype) -> (fn, inputs)` for the CPU parity check;
-see bench/parity.py for the built-in tiny cases.
+see fusedops/bench/parity.py for the built-in tiny cases.
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ class Context:
     ceiling_tbps: float = float("nan")  # device-to-device copy bandwidth, bytes read + written
     verbose: bool = True
     started: float = field(default_factory=_time.perf_counter)
+    missing: set = field(default_factory=set)  # (op, provider) of the optional baselines that did not import
 
     # ---- timing ------------------------------------------------------------------------------------
     def time(self, fn: Callable[[], Any]) -> float:
@@ -108,6 +111,26 @@ class Context:
             print(f"[bench {_time.perf_counter() - self.started:6.1f}s] {msg}", file=sys.stderr, flush=True)
 
     # ---- helpers for op modules -------------------------------------------------------------------
+    def cases_of(self, mod: Any) -> list:
+        """The cases of op benchmark module `mod` this run times: from its CPU_CASES on a CPU, else from its
+        CASES (accelerator sizes), narrowed by --sizes or --quick (`select`)."""
+        cpu = self.device.type == "cpu"
+        return self.select(mod.CPU_CASES if cpu else mod.CASES, quick=mod.QUICK["cpu" if cpu else "gpu"])
+
+    def failed(self, op: str, case: Any, provider: str, modes: Sequence[str], error: BaseException) -> list[dict]:
+        """Rows for a provider that could not be set up for a case: one error row per mode, except for an
+        optional baseline that does not import (`MissingBaseline`), which gets one row (mode "-", case "-",
+        `missing: True`) the first time per op and none after."""
+        if isinstance(error, MissingBaseline):
+            key = (op, provider)
+            if key in self.missing:
+                return []
+            self.missing.add(key)
+            cause = error.__cause__
+            reason = f"{type(cause).__name__}: {cause}" if cause is not None else str(error)
+            return [row(op, "-", provider, "-", error=str(error), reason=reason, missing=True)]
+        return [error_row(op, case, provider, mode, error) for mode in modes]
+
     def select(self, cases: Sequence[Any], quick: Optional[Sequence[Any]] = None) -> list:
         """The cases to run: those matching --sizes when given (a case matches a selection string when
         its `case_name` equals it or contains it), else `quick` (or the first case) in quick mode,
@@ -257,12 +280,16 @@ def alternated_rows(ctx: Context, op: str, case: Any, mode: str, steps: dict, *,
     return out
 
 
+class MissingBaseline(ImportError):
+    """An optional baseline (Liger, fla, ...) that does not import: reported once per op, not per row."""
+
+
 def optional_import(name: str):
-    """The module, or raise ImportError with a short message (for provider error rows)."""
+    """The module, or raise MissingBaseline with a short message (see Context.failed)."""
     try:
         return importlib.import_module(name)
     except Exception as e:  # noqa: BLE001
-        raise ImportError(f"{name} not importable ({type(e).__name__}: {e})") from e
+        raise MissingBaseline(f"{name} not importable ({type(e).__name__}: {e})") from e
 
 
 def gpu_kernel_times_us(fn: Callable[[], Any], reps: int = 10) -> dict:

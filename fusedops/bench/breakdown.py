@@ -1,4 +1,4 @@
-"""Where the device time of one fwd+bwd step goes, kernel by kernel (CUDA): python -m bench.breakdown [op ...]
+"""Where the device time of one fwd+bwd step goes, kernel by kernel (CUDA): python -m fusedops.bench.breakdown [op ...]
 
 For the issue cases of each op it prints every kernel, copy and memset the profiler records in one
 fusedops fwd+bwd step (averaged over 10 steps), in microseconds, and their sum: which launch to work on.
@@ -11,10 +11,10 @@ import sys
 import torch
 
 import fusedops
-from bench import attn_res as bench_attn_res
-from bench import embedding as bench_embedding
-from bench import neighborhood_attention as bench_na
-from bench.common import gpu_kernel_times_us
+from fusedops.bench import attn_res as bench_attn_res
+from fusedops.bench import embedding as bench_embedding
+from fusedops.bench import neighborhood_attention as bench_na
+from fusedops.bench.common import gpu_kernel_times_us
 
 REPS = 10
 

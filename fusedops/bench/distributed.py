@@ -1,7 +1,7 @@
 """Multi-GPU benchmark (issue #33): context-parallel neighborhood attention and the ops under DTensor
 sharding, against one GPU running the whole problem, in one torchrun launch:
 
-    torchrun --standalone --nproc-per-node 4 -m bench.distributed
+    torchrun --standalone --nproc-per-node 4 -m fusedops.bench.distributed
 
 Every rank times the same fixed number of calls with CUDA events (medians; a barrier before each timed
 region; the slowest rank's median is reported); rank 0 also times the single-GPU op on the full problem

@@ -3,9 +3,11 @@ reference, Liger-Kernel and fla-core when importable. Cases (N, B, T, D) from is
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
-from bench.common import Context, cuda_graph_step, error_row, fwd_bwd_fns, measure, optional_import
+from fusedops.bench.common import Context, cuda_graph_step, fwd_bwd_fns, measure, optional_import
 
 OP = "attn_res"
 CASES = [(8, 1, 8192, 4096), (16, 1, 4096, 4096), (32, 1, 4096, 4096), (4, 2, 4096, 4096), (8, 2, 4096, 8192),
@@ -43,8 +45,7 @@ def providers():
 
 
 def run(ctx: Context) -> list[dict]:
-    cpu = ctx.device.type == "cpu"
-    cases = ctx.select(CPU_CASES if cpu and not ctx.sizes else CASES, quick=QUICK["cpu" if cpu else "gpu"])
+    cases = ctx.cases_of(sys.modules[__name__])
     rows = []
     for case in cases:
         torch._dynamo.reset()  # one compiled graph per case, never the recompile limit
@@ -60,7 +61,7 @@ def run(ctx: Context) -> list[dict]:
             try:
                 fns = fwd_bwd_fns(lambda fn=fn: fn(values, query, norm_weight), [values, query, norm_weight])
             except Exception as e:  # noqa: BLE001
-                rows += [error_row(OP, case, name, m, e) for m in ("fwd", "bwd", "fwd+bwd")]
+                rows += ctx.failed(OP, case, name, ("fwd", "bwd", "fwd+bwd"), e)
                 continue
             for mode, f in fns.items():
                 rows.append(measure(ctx, OP, case, name, mode, f, nbytes=nbytes[mode]))

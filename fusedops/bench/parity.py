@@ -2,12 +2,12 @@
 through the Triton kernels under the interpreter (FUSEDOPS_INTERPRET=cuda and =ascend), each compared
 with an independent float64 formula, forward and every gradient.
 
-Run by `python -m bench` on CPU as a subprocess with TRITON_INTERPRET=1 (set before triton is first
+Run by `python -m fusedops.bench` on CPU as a subprocess with TRITON_INTERPRET=1 (set before triton is first
 imported); prints one JSON list of rows on its last stdout line:
 
-    TRITON_INTERPRET=1 python -m bench.parity attn_res --paths reference cuda ascend
+    TRITON_INTERPRET=1 python -m fusedops.bench.parity attn_res --paths reference cuda ascend
 
-An op module `bench/<op>.py` may override the built-in case with
+An op module `fusedops/bench/<op>.py` may override the built-in case with
 `parity_case(device, dtype) -> (fn, inputs, expected_fn)`: fn(*inputs) runs fusedops, expected_fn(*inputs)
 gives the float64 answer (inputs are passed to it converted to float64).
 """
@@ -133,7 +133,7 @@ def _run_all(fn: Callable, inputs: tuple, dtype: Optional[torch.dtype]) -> list[
 def check(op: str, paths: list[str], dtype: torch.dtype = torch.float32) -> list[dict]:
     rows = []
     try:
-        mod = importlib.import_module(f"bench.{op}")
+        mod = importlib.import_module(f"fusedops.bench.{op}")
     except Exception:
         mod = None
     import fusedops
@@ -189,12 +189,12 @@ def check(op: str, paths: list[str], dtype: torch.dtype = torch.float32) -> list
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.parity")
+    p = argparse.ArgumentParser(prog="python -m fusedops.bench.parity")
     p.add_argument("ops", nargs="+")
     p.add_argument("--paths", nargs="+", default=["reference", "cuda", "ascend"], choices=list(PROVIDER))
     args = p.parse_args(argv)
     if any(x != "reference" for x in args.paths) and os.environ.get("TRITON_INTERPRET") != "1":
-        print("bench.parity: the interpreter paths need TRITON_INTERPRET=1", file=sys.stderr)
+        print("fusedops.bench.parity: the interpreter paths need TRITON_INTERPRET=1", file=sys.stderr)
         return 2
     torch.manual_seed(0)
     rows = []

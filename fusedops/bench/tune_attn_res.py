@@ -1,14 +1,14 @@
-"""Sweep attn_res launch plans on a GPU (not part of `python -m bench`): times the forward and the
+"""Sweep attn_res launch plans on a GPU (not part of `python -m fusedops.bench`): times the forward and the
 one-pass backward kernels for each (block_t, num_warps, programs per SM, launch options) around the
 planner's choice, plus the planner's two-phase backward for reference, so a plan change is backed by a
-measurement. With bench/_prev_attn_res_kernels.py present (a copy of an earlier kernels.py, never
+measurement. With fusedops/bench/_prev_attn_res_kernels.py present (a copy of an earlier kernels.py, never
 committed), each configuration is also timed with that version's kernel in the same process.
-Usage: python -m bench.tune_attn_res   (TUNE_FORWARD=0 / TUNE_BACKWARD=0 skip a direction)
-       python -m bench.tune_attn_res depth   (the depth-tile backward's configs against the one-pass and
-                                              two-phase plans, every (N, D) whose tile fits 32K elements)
-       python -m bench.tune_attn_res depth-fwd   (the depth-tile forward's configs against the online one)
-       python -m bench.tune_attn_res stash   (the whole backward with the partial sums stashed in grad_values
-                                              against their own buffer: time and peak memory)"""
+Usage: python -m fusedops.bench.tune_attn_res   (TUNE_FORWARD=0 / TUNE_BACKWARD=0 skip a direction)
+       python -m fusedops.bench.tune_attn_res depth   (the depth-tile backward's configs against the one-pass and
+                                                       two-phase plans, every (N, D) whose tile fits 32K elements)
+       python -m fusedops.bench.tune_attn_res depth-fwd   (the depth-tile forward's configs against the online one)
+       python -m fusedops.bench.tune_attn_res stash   (the whole backward with the partial sums stashed in grad_values
+                                                       against their own buffer: time and peak memory)"""
 
 from __future__ import annotations
 
@@ -21,11 +21,11 @@ import torch
 import triton.testing
 from torch._library.triton import set_wrap_triton_enabled
 
-from bench.common import measure_ceiling
 from fusedops.attn_res import kernels as attn_res_kernels
 from fusedops.attn_res import op as attn_res_op
 from fusedops.attn_res.op import _backward, _forward
 from fusedops.attn_res.plan import Plan, depth_tile_plan, make_plan, next_pow2
+from fusedops.bench.common import measure_ceiling
 from fusedops.launch import launch
 from fusedops.targets import cuda_target
 
@@ -155,7 +155,7 @@ def sweep_stash() -> None:
     """The planned backward (kernel + reduction, every gradient, bf16 values, fp32 parameters, the forward's
     out and lse) on the benchmark's cases, with the partial sums stashed in grad_values and in their own
     [programs, D] buffer, alternating twice; peak memory above the inputs and the forward's outputs."""
-    from bench.attn_res import CASES as BENCH_CASES
+    from fusedops.bench.attn_res import CASES as BENCH_CASES
 
     dev, target, ceiling = _cuda_setup()
     table = []
@@ -271,11 +271,11 @@ def sweep() -> None:
 
 
 def _kernels(name: str) -> dict:
-    """{"now": the kernel, "prev": the same kernel of bench/_prev_attn_res_kernels.py (a copy of an
+    """{"now": the kernel, "prev": the same kernel of fusedops/bench/_prev_attn_res_kernels.py (a copy of an
     earlier kernels.py) when that file is present, for a comparison in the same process}."""
     kernels = {"now": getattr(attn_res_kernels, name)}
     try:
-        from bench import _prev_attn_res_kernels as prev
+        from fusedops.bench import _prev_attn_res_kernels as prev
         kernels["prev"] = getattr(prev, name)
     except ImportError:
         pass

@@ -3,7 +3,7 @@ Liger 0.8.5's LigerEmbeddingFunction (atomics) on a seeded sample of (V, D, toke
 value of every axis, each with uniform and Zipf(1.1) indices (ids shuffled, so hot rows are spread
 over the table like real token ids).
 
-python -m bench.embedding_grid [--shapes N] [--seed S] [--dtype bf16] [--out FILE.json]
+python -m fusedops.bench.embedding_grid [--shapes N] [--seed S] [--dtype bf16] [--out FILE.json]
 
 Times are triton.testing.do_bench medians of eager calls as a user makes them (wall clock: host time
 included where a step is host-bound), all providers timed in one process; beside them the fwd+bwd step
@@ -103,7 +103,7 @@ def time_case(weight, idx, grad_out) -> dict:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m bench.embedding_grid")
+    p = argparse.ArgumentParser(prog="python -m fusedops.bench.embedding_grid")
     p.add_argument("--shapes", type=int, default=24)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")

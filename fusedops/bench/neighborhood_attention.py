@@ -5,7 +5,8 @@ Every provider runs the same shifted (NATTEN) window except Liger, whose window 
 (same work per query away from the borders). TFLOP/s counts the useful work only:
 forward 4 * B * H * tokens * window * D, forward+backward 3.5x that.
 
-    python -m bench.neighborhood_attention [--quick] [--sweep]     (also: python -m bench neighborhood_attention)
+    python -m fusedops.bench.neighborhood_attention [--quick] [--sweep]
+    (also: python -m fusedops.bench neighborhood_attention)
 --sweep adds fusedops rows for alternative tile boxes (FUSEDOPS_NA_TILES) to tune the CUDA plan.
 """
 
@@ -18,7 +19,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from bench.common import Context, alternated_rows, error_row, measure, optional_import
+from fusedops.bench.common import Context, alternated_rows, measure, optional_import
 
 OP = "neighborhood_attention"
 # (B, H, spatial, D, kernel)
@@ -138,10 +139,9 @@ def providers(ctx: Context, case, sweep: bool):
 
 
 def run(ctx: Context, sweep: bool = False, all_cases: bool = False, stream: bool = False) -> list[dict]:
-    cpu = ctx.device.type == "cpu"
-    cases = ctx.select(CPU_CASES if cpu and not ctx.sizes else CASES, quick=QUICK["cpu" if cpu else "gpu"])
+    cases = ctx.cases_of(sys.modules[__name__])
     if all_cases:
-        cases = CPU_CASES if cpu else CASES
+        cases = CPU_CASES if ctx.device.type == "cpu" else CASES
     rows = []
     for case in cases:
         b, h, spatial, d, kernel = case
@@ -167,7 +167,7 @@ def run(ctx: Context, sweep: bool = False, all_cases: bool = False, stream: bool
 
                 fwd_bwd()  # compile / warm up outside the timed region
             except Exception as e:  # noqa: BLE001
-                rows += [error_row(OP, label, name, m, e) for m in ("fwd", "fwd+bwd")]
+                rows += ctx.failed(OP, label, name, ("fwd", "fwd+bwd"), e)
                 ctx.empty_cache()
                 continue
             rows.append(measure(ctx, OP, label, name, "fwd", fwd, flops=flops["fwd"]))
@@ -202,7 +202,7 @@ def _table(rows) -> str:
 
 
 if __name__ == "__main__":
-    from bench.common import DTYPES, detect_device
+    from fusedops.bench.common import DTYPES, detect_device
 
     args = sys.argv[1:]
     device = detect_device()

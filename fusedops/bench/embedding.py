@@ -7,14 +7,16 @@ written once + grad_out read), fwd+bwd V*D + 2*tokens*D; all times the element s
 Providers: "fusedops" is the default call (the kernel checks the indices with a device assert, no host
 sync); "fusedops-host-check" passes check_bounds="host" (one aminmax + host sync per forward, the
 debugging mode); "(GPU time)" rows give the device time of the same fwd+bwd step from the profiler (no
-host overhead). The acceptance grid of shapes and index distributions is bench/embedding_grid.py."""
+host overhead). The acceptance grid of shapes and index distributions is fusedops/bench/embedding_grid.py."""
 
 from __future__ import annotations
+
+import sys
 
 import torch
 import torch.nn.functional as F
 
-from bench.common import Context, alternated_rows, error_row, fwd_bwd_fns, measure, optional_import
+from fusedops.bench.common import Context, alternated_rows, fwd_bwd_fns, measure, optional_import
 
 OP = "embedding"
 CASES = [(32768, 768, 16384), (50257, 1600, 8192), (131072, 4096, 16384), (151936, 4096, 16384)]
@@ -23,7 +25,7 @@ QUICK = {"cpu": [(1024, 64, 256)], "gpu": [(151936, 4096, 16384)]}
 # Providers whose device time per fwd+bwd is also reported ("<name> (GPU time)", from the profiler):
 # the small cases are host-bound in eager mode.
 GPU_TIMED = ("fusedops", "torch", "torch.compile", "liger")
-# Providers whose fwd+bwd steps are also timed in alternation (bench.common.alternated_rows): the eager
+# Providers whose fwd+bwd steps are also timed in alternation (fusedops.bench.common.alternated_rows): the eager
 # steps are host-bound or nearly so, and the host's speed drifts during a run.
 ALTERNATED = ("fusedops", "torch", "liger")
 
@@ -53,8 +55,7 @@ def providers():
 
 
 def run(ctx: Context) -> list[dict]:
-    cpu = ctx.device.type == "cpu"
-    cases = ctx.select(CPU_CASES if cpu and not ctx.sizes else CASES, quick=QUICK["cpu" if cpu else "gpu"])
+    cases = ctx.cases_of(sys.modules[__name__])
     esize = torch.tensor([], dtype=ctx.dtype).element_size()
     rows = []
     for case in cases:
@@ -68,7 +69,7 @@ def run(ctx: Context) -> list[dict]:
             try:
                 fns = fwd_bwd_fns(lambda fn=fn: fn(weight, indices), [weight])
             except Exception as e:  # noqa: BLE001
-                rows += [error_row(OP, case, name, m, e) for m in ("fwd", "bwd", "fwd+bwd")]
+                rows += ctx.failed(OP, case, name, ("fwd", "bwd", "fwd+bwd"), e)
                 continue
             for mode, f in fns.items():
                 rows.append(measure(ctx, OP, case, name, mode, f, nbytes=counted[mode]))
@@ -88,10 +89,10 @@ def run(ctx: Context) -> list[dict]:
 def sweep(cases=((151936, 4096, 16384), (32768, 768, 16384))) -> None:
     """Forward plan study on a GPU (not part of the table): kernel-only times of the forward under
     several CUDA tile sizes (the backward's: sweep_bwd).
-    python -c "from bench.embedding import sweep; sweep()" """
+    python -c "from fusedops.bench.embedding import sweep; sweep()" """
     import triton.testing
 
-    from bench.common import measure_ceiling
+    from fusedops.bench.common import measure_ceiling
     from fusedops.embedding import plan as emb_plan
     from fusedops.embedding.kernels import embedding_fwd_kernel
     from fusedops.targets import target_for
@@ -130,10 +131,10 @@ def sweep_bwd(cases=((151936, 4096, 16384), (131072, 4096, 16384), (50257, 1600,
     run items first (ZEROS_PER_RUN = 0, the v5 order) and interleaved with the zero tiles (the plan's);
     evict: the L2 eviction policy of the once-touched loads and stores (the kernel's EVICT); chunks: the
     longest run one program sums (longer runs are split and merged by embedding_bwd_merge_kernel).
-    python -c "from bench.embedding import sweep_bwd; sweep_bwd()" """
+    python -c "from fusedops.bench.embedding import sweep_bwd; sweep_bwd()" """
     import triton.testing
 
-    from bench.common import measure_ceiling
+    from fusedops.bench.common import measure_ceiling
     from fusedops.embedding import op as emb_op
     from fusedops.embedding import plan as emb_plan
     from fusedops.embedding.kernels import embedding_bwd_kernel, embedding_bwd_merge_kernel

@@ -1,4 +1,4 @@
-"""Sweep neighborhood-attention tiles on a GPU (not part of `python -m bench`): GPU time (profiler) of
+"""Sweep neighborhood-attention tiles on a GPU (not part of `python -m fusedops.bench`): GPU time (profiler) of
 one fwd+bwd step per FUSEDOPS_NA_BWD_TILES setting, the forward plan fixed (TUNE_KERNELS="7 7x7" picks
 cases by kernel); TUNE_FORWARD=1: the forward kernel alone per FUSEDOPS_NA_TILES setting on the
 benchmark's cases; TUNE_STAGES=1: the planner's tiles at each pipelining depth; TUNE_REGISTERS=1: the
@@ -6,7 +6,7 @@ planner's tiles under register caps, per kernel; TUNE_FUSED=1: the fused 1-D bac
 two-kernel backward on narrow windows; TUNE_BOXES=1: box settings of the forward/dQ and of the dK/dV kernel on 2-D cases
 (TUNE_VARIANTS or BOX_VARIANTS), device us per kernel of one fwd+bwd step; TUNE_CAPS=1: per-kernel register caps,
 constexprs and tiles together (TUNE_VARIANTS or CAP_VARIANTS). A plan change is backed by a measurement.
-Usage: python -m bench.tune_neighborhood_attention"""
+Usage: python -m fusedops.bench.tune_neighborhood_attention"""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ import os
 import torch
 
 import fusedops
-from bench.common import gpu_kernel_times_us, gpu_time_ms
+from fusedops.bench.common import gpu_kernel_times_us, gpu_time_ms
 
-CASES = [  # (B, H, spatial, D, kernel): python -m bench neighborhood_attention's cases
+CASES = [  # (B, H, spatial, D, kernel): python -m fusedops.bench neighborhood_attention's cases
     (2, 12, (4096,), 64, (7,)),
     (2, 16, (8192,), 128, (33,)),
     (1, 8, (16384,), 64, (129,)),
