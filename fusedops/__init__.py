@@ -7,13 +7,15 @@ interpreter when FUSEDOPS_INTERPRET=cuda|ascend and TRITON_INTERPRET=1 are set.
 
 from fusedops import distributed, nn, npu
 from fusedops.attn_res import attn_res
+from fusedops.block_attn_res import attn_res_merge, attn_res_multi
 from fusedops.embedding import embedding
 from fusedops.neighborhood_attention import context_parallel_neighborhood_attention, neighborhood_attention
+from fusedops.plans import plan_override
 from fusedops.registry import op_names
 
 __version__ = "0.1.0"
-__all__ = ["attn_res", "context_parallel_neighborhood_attention", "embedding", "nn", "op_names",
-           "neighborhood_attention"]
+__all__ = ["attn_res", "attn_res_merge", "attn_res_multi", "context_parallel_neighborhood_attention", "embedding",
+           "nn", "op_names", "neighborhood_attention", "plan_override"]
 
 npu.register()
 distributed.register()

@@ -13,6 +13,10 @@ time; DTensor expands them over a whole mesh and redistributes inputs that arriv
   weight is gathered first), or indices sharded on any dim.
   The weight gradient of token-sharded indices is `Partial`, except under scale_grad_by_freq, whose
   counts need every token: there the indices are gathered first.
+- Block AttnRes: attn_res_multi sharded on any batch dim of values, or on its queries (out and lse
+  sharded on M; values replicated, their gradient `Partial`); attn_res_merge sharded on any batch dim,
+  query and gain replicated (their gradients `Partial`). attn_res_merge_into writes in place and has no
+  rule: DTensor arguments are refused there.
 - neighborhood attention: sharded on batch, or on heads when both q's and k/v's head counts divide
   evenly over the mesh (GQA groups stay on one rank). A spatial axis needs the halo of its neighbours
   and is not a placement rule (context parallelism is its own function).
@@ -53,6 +57,10 @@ def _attn_res_batch_dims(values) -> range:
     return range(_ndim(values) - 2)
 
 
+def _optional(spec, placement):
+    return None if spec is None else placement
+
+
 def _attn_res_forward(values, query, norm_weight, eps, with_lse: bool):
     weight = None if norm_weight is None else R
     rules = [([R, R] if with_lse else [R], [R, R, weight, None])]
@@ -64,18 +72,60 @@ def _attn_res_forward(values, query, norm_weight, eps, with_lse: bool):
 
 def _attn_res_backward(grad_out, values, query, norm_weight, eps, need_values, need_query, need_norm_weight,
                        out=None, lse=None, grad_lse=None):
-    def optional(spec, placement):
-        return None if spec is None else placement
-
-    weight = optional(norm_weight, R)
-    rules = [([R, R, R], [R, R, R, weight, None, None, None, None, optional(out, R), optional(lse, R),
-                          optional(grad_lse, R)])]
+    weight = _optional(norm_weight, R)
+    rules = [([R, R, R], [R, R, R, weight, None, None, None, None, _optional(out, R), _optional(lse, R),
+                          _optional(grad_lse, R)])]
     need_weight = need_norm_weight and norm_weight is not None
     for d in _attn_res_batch_dims(values):
         # A gradient that is not asked for is an empty [0] tensor: replicated.
         outs = [Shard(d + 1) if need_values else R, Partial() if need_query else R, Partial() if need_weight else R]
-        rules.append((outs, [Shard(d), Shard(d + 1), R, weight, None, None, None, None, optional(out, Shard(d)),
-                             optional(lse, Shard(d)), optional(grad_lse, Shard(d))]))
+        rules.append((outs, [Shard(d), Shard(d + 1), R, weight, None, None, None, None, _optional(out, Shard(d)),
+                             _optional(lse, Shard(d)), _optional(grad_lse, Shard(d))]))
+    return rules
+
+
+def _attn_res_multi(values, queries, eps):
+    rules = [([R, R], [R, R, None]), ([Shard(0), Shard(0)], [R, Shard(0), None])]  # replicated; queries split
+    rules += [([Shard(d + 1), Shard(d + 1)], [Shard(d + 1), R, None]) for d in _attn_res_batch_dims(values)]
+    return rules
+
+
+def _attn_res_multi_backward(grad_out, grad_lse, values, queries, eps, need_values, need_queries):
+    def grads(values_pl, queries_pl):  # a gradient not asked for is an empty [0] tensor: replicated
+        return [values_pl if need_values else R, queries_pl if need_queries else R]
+
+    rules = [(grads(R, R), [_optional(grad_out, R), _optional(grad_lse, R), R, R, None, None, None]),
+             (grads(Partial(), Shard(0)),
+              [_optional(grad_out, Shard(0)), _optional(grad_lse, Shard(0)), R, Shard(0), None, None, None])]
+    for d in _attn_res_batch_dims(values):
+        s = Shard(d + 1)
+        rules.append((grads(s, Partial()), [_optional(grad_out, s), _optional(grad_lse, s), s, R, None, None, None]))
+    return rules
+
+
+def _attn_res_merge(out, lse, partial, query, addend, addend2, gain, eps, norm_eps):
+    summed = addend is not None or addend2 is not None  # else the updated sum is an empty [0] tensor
+
+    def args(s):
+        return [s, s, s, R, _optional(addend, s), _optional(addend2, s), _optional(gain, R), None, None]
+
+    rules = [([R, R], args(R))]
+    rules += [([Shard(d), Shard(d) if summed else R], args(Shard(d))) for d in range(_ndim(out) - 1)]
+    return rules
+
+
+def _attn_res_merge_backward(grad_h, grad_partial, out, lse, partial, query, gain, eps, norm_eps, need_out,
+                             need_lse, need_partial, need_query, need_gain):
+    def outs(s, total):
+        return [s if need_out else R, s if need_lse else R, s if need_partial else R, total if need_query else R,
+                total if need_gain and gain is not None else R]
+
+    def args(s):
+        return [s, _optional(grad_partial, s), s, s, s, R, _optional(gain, R), None, None, None, None, None, None,
+                None]
+
+    rules = [(outs(R, R), args(R))]
+    rules += [(outs(Shard(d), Partial()), args(Shard(d))) for d in range(_ndim(out) - 1)]
     return rules
 
 
@@ -132,6 +182,10 @@ def register() -> bool:
     register_sharding(ops.attn_res.default)(lambda v, q, w, eps: _attn_res_forward(v, q, w, eps, False))
     register_sharding(ops.attn_res_with_lse.default)(lambda v, q, w, eps: _attn_res_forward(v, q, w, eps, True))
     register_sharding(ops.attn_res_backward.default)(_attn_res_backward)
+    register_sharding(ops.attn_res_multi.default)(_attn_res_multi)
+    register_sharding(ops.attn_res_multi_backward.default)(_attn_res_multi_backward)
+    register_sharding(ops.attn_res_merge.default)(_attn_res_merge)
+    register_sharding(ops.attn_res_merge_backward.default)(_attn_res_merge_backward)
     register_sharding(ops.embedding.default)(_embedding)
     register_sharding(ops.embedding_backward.default)(_embedding_backward)
     register_sharding(ops.neighborhood_attention.default)(_na_forward)

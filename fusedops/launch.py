@@ -15,13 +15,17 @@ value, the constexpr/launch options, the device, and each tensor's dtype and 16-
 Pointers go to the launcher as integers (the tensors were checked to be on one CUDA device), which
 also spares it a data_ptr() call and a pointer-attribute query per tensor. Launch hooks (Triton's
 profilers) see every launch: while any is set, launches go through the runner.
+
+Kernels are launched by name: `launch(kernel, grid, dict(x_ptr=x, stride_x=..., N=n), dict(BLOCK=64, num_warps=4))`.
+The names are bound to the kernel's parameter positions once per kernel (`bind`, from its `arg_names`); a
+missing or unknown name raises TypeError naming it, so a swapped pair of strides cannot go unnoticed as it
+could positionally. After binding, every path launches positionally as before (the fast path unchanged).
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Sequence
 
 import torch
 from torch.library import wrap_triton
@@ -90,11 +94,77 @@ def device_switch(t: torch.Tensor) -> contextlib.AbstractContextManager:
     return module.device(index)
 
 
-def launch(kernel, grid: tuple[int, ...], tensors: Sequence[torch.Tensor], scalars: tuple, meta: dict) -> None:
-    """kernel[grid](*tensors, *scalars, **meta) on the first tensor's device, the tensors being the
-    kernel's leading parameters, all on that device. meta may hold `maxnreg` (a per-thread register
-    cap), honoured on direct CUDA launches only: the interpreter has no registers and torch.compile's
-    wrap_triton would take it for a kernel argument."""
+_BINDINGS: dict[int, tuple] = {}
+_LAUNCH_OPTIONS = frozenset({"num_warps", "num_stages", "num_ctas", "maxnreg", "sanitize_overflow"})
+
+
+def _binding(kernel) -> tuple:
+    """(kernel, runtime parameter names in order, constexpr names) of a kernel, computed once."""
+    entry = _BINDINGS.get(id(kernel))
+    if entry is not None and entry[0] is kernel:
+        return entry
+    names = list(kernel.arg_names)
+    params = getattr(kernel, "params", None)
+    if params is not None:
+        constexpr = {p.name for p in params if p.is_constexpr}
+    elif hasattr(kernel, "fn"):  # the interpreter's InterpretedFunction: the parameters annotated tl.constexpr
+        import inspect
+
+        sig = inspect.signature(kernel.fn)
+        constexpr = {n for n, p in sig.parameters.items() if "constexpr" in str(p.annotation)}
+    else:  # an object that only names its parameters: nothing to check the meta keys against
+        entry = (kernel, tuple(names), None)
+        _BINDINGS[id(kernel)] = entry
+        return entry
+    entry = (kernel, tuple(n for n in names if n not in constexpr), frozenset(constexpr))
+    _BINDINGS[id(kernel)] = entry
+    return entry
+
+
+def bind(kernel, args: dict) -> list:
+    """The kernel's runtime arguments in parameter order, from `args` by name (TypeError naming what is
+    missing or unknown)."""
+    _, names, _ = _binding(kernel)
+    try:
+        values = [args[n] for n in names]
+    except KeyError:
+        values = None
+    if values is None or len(args) != len(names):
+        missing = [n for n in names if n not in args]
+        unknown = [n for n in args if n not in names]
+        kname = getattr(getattr(kernel, "fn", kernel), "__name__", kernel)
+        raise TypeError(f"launch of {kname}: missing arguments {missing}, unknown arguments {unknown}")
+    return values
+
+
+def check_meta(kernel, meta: dict) -> None:
+    """TypeError naming a meta key that is neither a constexpr parameter of the kernel nor a launch option."""
+    _, _, constexpr = _binding(kernel)
+    if constexpr is None:
+        return
+    unknown = [k for k in meta if k not in constexpr and k not in _LAUNCH_OPTIONS]
+    if unknown:
+        kname = getattr(getattr(kernel, "fn", kernel), "__name__", kernel)
+        raise TypeError(f"launch of {kname}: unknown constexpr/launch options {unknown}")
+
+
+def split(values: list) -> tuple[list, tuple]:
+    """(tensors, scalars) of bound values: the kernels take their tensors first."""
+    k = 0
+    for v in values:
+        if not (isinstance(v, torch.Tensor) or hasattr(v, "data_ptr")):
+            break
+        k += 1
+    return values[:k], tuple(values[k:])
+
+
+def launch(kernel, grid: tuple[int, ...], args: dict, meta: dict) -> None:
+    """kernel[grid](**args, **meta) on the first tensor's device, bound to positions by name (`bind`),
+    the tensors being the kernel's leading parameters, all on that device. meta holds the constexprs and
+    launch options; it may hold `maxnreg` (a per-thread register cap), honoured on direct CUDA launches
+    only: the interpreter has no registers and torch.compile's wrap_triton would take it for a kernel
+    argument."""
+    tensors, scalars = split(bind(kernel, args))
     if is_wrap_triton_enabled():  # traced: the generated code sets the device itself
         _launch_wrapped(kernel, grid, tensors, scalars, meta)
     elif tensors[0].is_cuda:
@@ -105,6 +175,7 @@ def launch(kernel, grid: tuple[int, ...], tensors: Sequence[torch.Tensor], scala
 
 
 def _launch_wrapped(kernel, grid, tensors, scalars, meta) -> None:
+    check_meta(kernel, meta)
     meta = {k: v for k, v in meta.items() if k != "maxnreg"}
     # Under TRITON_INTERPRET=1 a kernel is an InterpretedFunction and runs as it is: torch 2.13's wrap_triton
     # hands it back unchanged, torch 2.11's refuses it ("wrap_triton only works on functions annotated ...").
@@ -134,6 +205,7 @@ def _launch_cuda(kernel, grid, tensors, scalars, meta) -> None:
             with device_switch(tensors[0]):
                 entry(device, pointers, scalars)
         return
+    check_meta(kernel, meta)
     if getattr(kernel, "debug", False):  # debug mode for its device asserts, not for overflow checks
         meta = {**meta, "sanitize_overflow": False}
     with device_switch(tensors[0]):

@@ -46,3 +46,18 @@ def batch_walk(name: str, sizes: Sequence[int], strides: Sequence[int]) -> tuple
         )
     pad = MAX_BATCH_DIMS - len(out_sizes)
     return [1] * pad + out_sizes, [0] * pad + out_strides
+
+
+def walkable_sources(values):
+    """values [N, *batch, D] itself when its last dim has stride 1 and its batch dims merge into the kernels'
+    MAX_BATCH_DIMS strided dims (read in place: a bank view), else a contiguous copy: a rarer layout costs one
+    copy, not an error."""
+    sizes, _ = collapse_dims(values.shape[1:-1], values.stride()[1:-1])
+    walkable = len(sizes) <= MAX_BATCH_DIMS and unit_last_stride(values) is values
+    return values if walkable else values.contiguous()
+
+
+def sources_walk(values) -> tuple[int, int, int, int, int]:
+    """(S1, S2, ST0, ST1, ST2) of the kernels' batch walk over dims 1..-2 of values [N, *batch, D]."""
+    sizes, strides = batch_walk("values", values.shape[1:-1], values.stride()[1:-1])
+    return sizes[1], sizes[2], strides[0], strides[1], strides[2]

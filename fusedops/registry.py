@@ -32,11 +32,12 @@ _NPU_DONE: set[str] = set()  # ops whose npu kernel is registered
 _npu_enabled = False  # register_npu_kernels ran: ops defined later register theirs at definition
 
 
-def fused_op(name: str) -> Callable[[Callable], object]:
-    """Decorator: define `fusedops::<name>` from a body that launches kernels through wrap_triton."""
+def fused_op(name: str, mutates_args: tuple[str, ...] = ()) -> Callable[[Callable], object]:
+    """Decorator: define `fusedops::<name>` from a body that launches kernels through wrap_triton;
+    `mutates_args` names the arguments it writes in place (an inference-only op: no autograd)."""
 
     def define(fn: Callable) -> object:
-        op = triton_op(f"{NAMESPACE}::{name}", fn, mutates_args=())
+        op = triton_op(f"{NAMESPACE}::{name}", fn, mutates_args=mutates_args)
         _IMPLS[name] = (op, fn)
         if _npu_enabled:
             _register_npu(name)

@@ -68,6 +68,9 @@ class Target:
     resident:      programs of one kernel that one core runs at once (latency hiding on CUDA).
     persistent:    launch only as many programs as run at once, each looping over its share.
     interpreted:   kernels run in the Triton interpreter on CPU tensors.
+    arch:          the architecture name the plan tables key on (fusedops.plans): "sm90", "sm90-h200" (an
+                   H200: the H100's chip with more, faster memory), "sm<major><minor>" for other CUDA GPUs;
+                   "" where unknown (the interpreter, Ascend for now): the tables' generic "*" rows.
     """
 
     vendor: str
@@ -79,6 +82,7 @@ class Target:
     resident: int
     persistent: bool
     interpreted: bool = False
+    arch: str = ""
 
     def grid_size(self, blocks: int, *, matrix: bool = False, persistent: bool | None = None) -> int:
         """Programs to launch for `blocks` independent work items (>= 1, <= max_grid). A persistent
@@ -126,13 +130,31 @@ def _cuda_sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+H200_MIN_MEMORY = 100 * 2**30  # an sm_90 part with more memory than this is an H200 (141 GB; the H100 has 80-94)
+
+
+def cuda_arch(name: str, major: int, minor: int, total_memory: int) -> str:
+    """The plan tables' name of a CUDA GPU: "sm<major><minor>", "sm90-h200" for an H200 (by name, or an
+    sm_90 part with over 100 GiB of memory)."""
+    arch = f"sm{major}{minor}"
+    if arch == "sm90" and ("H200" in name.upper() or total_memory > H200_MIN_MEMORY):
+        return "sm90-h200"
+    return arch
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_arch(index: int) -> str:
+    props = torch.cuda.get_device_properties(index)
+    return cuda_arch(props.name, props.major, props.minor, props.total_memory)
+
+
 def cuda_target(device: torch.device | None = None, *, interpreted: bool = False) -> Target:
     """The CUDA plan's target; under the interpreter, a 4-SM stand-in so persistent loops loop."""
     if interpreted:
-        sms = 4
+        sms, arch = 4, ""
     else:
         index = device.index if device is not None and device.index is not None else torch.cuda.current_device()
-        sms = _cuda_sm_count(index)
+        sms, arch = _cuda_sm_count(index), _cuda_arch(index)
     return Target(
         vendor="cuda",
         vector_cores=sms,
@@ -143,6 +165,7 @@ def cuda_target(device: torch.device | None = None, *, interpreted: bool = False
         resident=4,
         persistent=False,
         interpreted=interpreted,
+        arch=arch,
     )
 
 

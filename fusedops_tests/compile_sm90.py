@@ -25,7 +25,9 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from fusedops.attn_res import op as attn_res
+from fusedops.block_attn_res import op as block_attn_res
 from fusedops.embedding import op as embedding
+from fusedops.launch import bind, split
 from fusedops.neighborhood_attention import op as na
 from fusedops.targets import CUDA_ONCHIP_BYTES, Target
 
@@ -37,7 +39,8 @@ POINTER = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp3
 launches: list = []
 
 
-def record(kernel, grid, tensors, scalars, meta):
+def record(kernel, grid, args, meta):
+    tensors, scalars = split(bind(kernel, args))  # by name, as fusedops.launch binds them
     launches.append((kernel, tuple(tensors), tuple(scalars), dict(meta)))
 
 
@@ -78,7 +81,7 @@ def eager_signature(kernel, tensors, scalars, meta) -> tuple[dict, dict, dict]:
 
 def run_ops(target: Target = H100) -> None:
     """Record the launches of every op body under `target`'s plan (the kernels never run)."""
-    for mod in (attn_res, embedding, na):
+    for mod in (attn_res, block_attn_res, embedding, na):
         mod.launch = record
     bf16, f32, f64 = torch.bfloat16, torch.float32, torch.float64
     # attn_res: one tile with two rows in flight, the tiled-D path (D = 16384), fp32; every backward
@@ -94,6 +97,19 @@ def run_ops(target: Target = H100) -> None:
         attn_res._backward(grad_out, values, query, weight, 1e-6, True, True, True, target)
         attn_res._backward(grad_out, values, query, weight, 1e-6, True, True, True, target, out, lse)
         attn_res._backward(grad_out, values, query, weight, 1e-6, True, False, True, target, out, lse, torch.randn(2, 8))
+    # block attn_res: phase 1 at Kimi K3's shape (and decode, D split), the merge with two addends and the norm
+    # and without either, both backwards; float64
+    for n, m, tokens, dim, dtype in ((8, 24, 64, 7168, bf16), (9, 24, 1, 7168, bf16), (3, 2, 8, 300, f64)):
+        values, queries = torch.randn(n, tokens, dim, dtype=dtype), torch.randn(m, dim)
+        block_attn_res._multi_forward(values, queries, 1e-6, target)
+        block_attn_res._multi_backward(torch.randn(m, tokens, dim, dtype=dtype), torch.randn(m, tokens), values,
+                                       queries, 1e-6, True, True, target)
+        x, gain = torch.randn(tokens, dim, dtype=dtype), torch.rand(dim)
+        lse = torch.randn(tokens, dtype=f64 if dtype == f64 else f32)
+        block_attn_res._merge_forward(x, lse, x, queries[0], x, x, gain, 1e-6, 1e-6, target)
+        block_attn_res._merge_forward(x, lse, x, queries[0], None, None, None, 1e-6, 1e-6, target)
+        block_attn_res._merge_backward(x, x, x, lse, x, queries[0], gain, 1e-6, 1e-6, True, True, True, True, True,
+                                       target)
     # embedding
     for dim, dtype in ((4096, bf16), (768, f32), (768, f64)):
         weight, indices = torch.randn(1000, dim, dtype=dtype), torch.randint(0, 1000, (64,))

@@ -35,6 +35,8 @@ settings.load_profile("ci")
 FAST_TIER = {
     "test_attn_res.py": ["test_matches_einsum", "test_matches_einsum_tiled_over_d", "test_opcheck[True-",
                          "test_compile_fullgraph_matches_eager", "test_cuda_plan_fits_model_rows_on_chip"],
+    "test_block_attn_res.py": ["test_block_equals_single_query_softmax_over_all_sources",
+                               "test_merge_fused_variants_equal_their_composition"],
     "test_embedding.py": ["test_matches_torch", "test_backward_every_run_length_up_to_29", "test_opcheck",
                           "test_compile_fullgraph_matches_eager", "test_plans_fit_targets"],
     "test_neighborhood_attention.py": ["test_matches_dense_oracle", "test_kernels_many_tiles_small_budget",
@@ -51,6 +53,8 @@ FAST_TIER = {
                       "test_repository_alias_runs_the_packaged_bench"],
     "test_example_lm.py": ["test_loss_plot_without_matplotlib_says_it_was_skipped"],
     "test_fast_tier.py": ["test_every_fast_tier_entry_names_a_test"],
+    "test_plans.py": ["test_resolver_prefers_the_specific_row", "test_tables_are_valid_and_name_their_runs",
+                      "test_override_forces_nests_and_restores", "test_override_reaches_the_launched_kernels"],
 }
 
 

@@ -10,6 +10,7 @@ from unittest import mock
 import pytest
 import torch
 
+from fusedops.launch import bind, split
 from fusedops.registry import opaque_triton_ops  # noqa: F401  (re-exported for the tests)
 
 # The three ways a CPU tensor can run: the PyTorch reference, or the Triton kernels in the interpreter
@@ -73,9 +74,10 @@ def recorded_launches(module) -> Iterator[list]:
     launches: list = []
     real = module.launch
 
-    def record(kernel, grid, tensors, scalars, meta):
+    def record(kernel, grid, args, meta):
+        tensors, _ = split(bind(kernel, args))
         launches.append((getattr(kernel, "fn", kernel).__name__, list(tensors), dict(meta)))
-        return real(kernel, grid, tensors, scalars, meta)
+        return real(kernel, grid, args, meta)
 
     with mock.patch.object(module, "launch", record):
         yield launches

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import fusedops
 from fusedops.attn_res import op as ar_op
 from fusedops.attn_res.plan import make_plan
-from fusedops.launch import launch
+from fusedops.launch import bind, launch, split
 from fusedops.layout import collapse_dims
 from fusedops.targets import cuda_target
 
@@ -98,7 +98,8 @@ def kernel_choice(which):
     if which == "planned":
         yield
     else:
-        with mock.patch("fusedops.attn_res.op.depth_tile_plan", lambda *args, **kwargs: None):
+        with fusedops.plan_override("attn_res", "forward", variant="rows"), \
+                fusedops.plan_override("attn_res", "backward", variant="rows"):
             yield
 
 
@@ -413,7 +414,7 @@ STASH_BUDGET = 4096  # bytes: several programs of two tokens each on both plans 
 
 @contextlib.contextmanager
 def stash_off():
-    with mock.patch("fusedops.attn_res.op.stash_rows", lambda *args: 0):
+    with fusedops.plan_override("attn_res", "backward", stash=0):
         yield
 
 
@@ -434,9 +435,10 @@ def test_partial_sums_are_stashed_in_grad_values(path, kernels, dtype, n, dim, s
     weight, grad_out = torch.rand(dim, generator=gen) + 0.5, torch.randn(3, 10, dim, generator=gen).to(dtype)
     launches = []
 
-    def record(kernel, grid, tensors, scalars, meta):
+    def record(kernel, grid, args, meta):
+        tensors, _ = split(bind(kernel, args))
         launches.append((kernel.fn.__name__, grid, [tuple(t.shape) for t in tensors], meta))
-        return launch(kernel, grid, tensors, scalars, meta)
+        return launch(kernel, grid, args, meta)
 
     with execution_path(path, STASH_BUDGET), kernel_choice(kernels):
         out, lse = torch.ops.fusedops.attn_res_with_lse(values, query, weight, 1e-6)

@@ -49,7 +49,32 @@ def _neighborhood_attention(direct: bool, device: str = "cpu"):
     return out + lse.unsqueeze(-1), (q, k, v)
 
 
-OPS = {"attn_res": _attn_res, "embedding": _embedding, "neighborhood_attention": _neighborhood_attention}
+def _attn_res_multi(direct: bool, device: str = "cpu"):
+    gen = torch.Generator().manual_seed(5)
+    values = torch.randn(4, 3, 5, 40, generator=gen).to(device).requires_grad_()
+    queries = (0.3 * torch.randn(3, 40, generator=gen)).to(device).requires_grad_()
+    if direct:
+        out, lse = fusedops.attn_res_multi(values, queries)
+    else:
+        out, lse = torch.ops.fusedops.attn_res_multi(values, queries, 1e-6)
+    return out + lse.unsqueeze(-1), (values, queries)
+
+
+def _attn_res_merge(direct: bool, device: str = "cpu"):
+    gen = torch.Generator().manual_seed(6)
+    out, partial, addend = (torch.randn(3, 7, 40, generator=gen).to(device).requires_grad_() for _ in range(3))
+    lse = torch.randn(3, 7, generator=gen).to(device).requires_grad_()
+    query = (0.3 * torch.randn(40, generator=gen)).to(device).requires_grad_()
+    gain = (torch.rand(40, generator=gen) + 0.5).to(device).requires_grad_()
+    if direct:
+        h, p = fusedops.attn_res_merge(out, lse, partial, query, addends=addend, gain=gain)
+    else:
+        h, p = torch.ops.fusedops.attn_res_merge(out, lse, partial, query, addend, None, gain, 1e-6, 1e-6)
+    return h + p, (out, lse, partial, addend, query, gain)
+
+
+OPS = {"attn_res": _attn_res, "attn_res_merge": _attn_res_merge, "attn_res_multi": _attn_res_multi,
+       "embedding": _embedding, "neighborhood_attention": _neighborhood_attention}
 
 
 def _outputs_and_grads(build, direct: bool, device: str = "cpu"):

@@ -21,7 +21,7 @@ from fusedops.neighborhood_attention import op as na_op
 from fusedops.neighborhood_attention import reference
 from fusedops.neighborhood_attention.kernels import _box, _cell_bits, _neighbours, _query_span, _window_bits
 from fusedops.neighborhood_attention.op import reach
-from fusedops.neighborhood_attention.plan import fused_1d_block, make_plan, mask_bits_fit
+from fusedops.neighborhood_attention.plan import fused_1d_block, make_plan, mask_bits_fit, tiles_from_string
 from fusedops.numerics import tf32_allowed
 from fusedops.targets import Target, ascend_target, cuda_target
 
@@ -227,7 +227,8 @@ def test_kernels_many_tiles_small_budget(path, ndim):
 @pytest.mark.parametrize("ndim, dq_boxes, dkdv_boxes", [
     (1, ((1, 1, 8), (1, 1, 4)), ((1, 1, 4), (1, 1, 8))),
     (2, ((1, 4, 4), (1, 8, 2)), ((1, 8, 2), (1, 2, 4))),  # the H100's tall-box pattern, at test sizes
-    (3, ((2, 2, 2), (2, 2, 2)), ((1, 2, 4), (4, 2, 1))),
+    # (plan_override clamps forced boxes to the group lengths, [2, 5, 6] here: (2, 4, 1) stays as it is)
+    (3, ((2, 2, 2), (2, 2, 2)), ((1, 2, 4), (2, 4, 1))),
 ])
 def test_dkdv_walks_boxes_of_its_own(ndim, dq_boxes, dkdv_boxes, dk_by_keys):
     """The dK/dV kernel on query and key boxes other than the dQ kernel's (Plan.dkdv, as the H100's 2-D plan
@@ -241,23 +242,12 @@ def test_dkdv_walks_boxes_of_its_own(ndim, dq_boxes, dkdv_boxes, dk_by_keys):
         window="shifted", batch=1, kv_heads=1, groups=2, head_dim=8, head_dim_v=8, dtype=torch.float32,
         strided=True, scale=None, with_lse_grad=True, seed=ndim,
     )
-    plain = make_plan
-
-    def with_dkdv(*args, **kwargs):
-        plan = plain(*args, **kwargs)
-        if not kwargs["backward"]:
-            return plan
-        plan = dataclasses.replace(plan, bm=dq_boxes[0], bn=dq_boxes[1], fused=False)
-        return dataclasses.replace(plan, dkdv=dataclasses.replace(plan, bm=dkdv_boxes[0], bn=dkdv_boxes[1],
-                                                                  dk_by_keys=dk_by_keys))
-
-    na_op._backward_spec.cache_clear()
-    try:
-        with execution_path("cuda"), mock.patch.object(na_op, "make_plan", with_dkdv), \
-                recorded_launches(na_op) as launches:
-            check_case(case)
-    finally:
-        na_op._backward_spec.cache_clear()
+    with execution_path("cuda"), \
+            fusedops.plan_override("neighborhood_attention", "bwd", bm=dq_boxes[0], bn=dq_boxes[1], fused_block=0), \
+            fusedops.plan_override("neighborhood_attention", "dkdv", bm=dkdv_boxes[0], bn=dkdv_boxes[1],
+                                   dk_by_keys=dk_by_keys), \
+            recorded_launches(na_op) as launches:
+        check_case(case)
 
     def boxes(meta):
         return tuple(meta[f"BM{a}"] for a in range(3)), tuple(meta[f"BN{a}"] for a in range(3))
@@ -778,26 +768,29 @@ def test_cuda_2d_tall_key_boxes(spatial, kernel, stride, d, dtype, fwd_keys, dq_
         assert backward.dkdv is None and forward.fwd_registers is None
     for target in (cuda_target(interpreted=True), ascend_target(interpreted=True)):
         assert plan(target, True).dkdv is None and plan(target, False).fwd_registers is None
-    with mock.patch.dict(os.environ, {"FUSEDOPS_NA_TILES": "1,8,8/1,8,8/4"}):
+    with fusedops.plan_override("neighborhood_attention", "fwd", bm=(1, 8, 8), bn=(1, 8, 8), num_warps=4), \
+            fusedops.plan_override("neighborhood_attention", "bwd", bm=(1, 8, 8), bn=(1, 8, 8), num_warps=4):
         assert plan(_h100(), True).dkdv is None and plan(_h100(), False).bn == (1, 8, 8)
         assert plan(_h100(), False).fwd_registers is None
 
 
 def test_dkdv_tile_override():
-    """FUSEDOPS_NA_DKDV_TILES gives the dK/dV kernel its own boxes, warps and stages (uncapped) and leaves the
-    forward and the dQ kernel to the planner (or to FUSEDOPS_NA_TILES); the interpreter ignores it."""
+    """plan_override(..., "dkdv", ...) gives the dK/dV kernel its own boxes, warps and stages (uncapped) and
+    leaves the forward and the dQ kernel to the planner (or to their own overrides), on every plan."""
     args = ([1, 64, 64], [1, 1, 1], 64, 64, torch.bfloat16, 2)
     kw = dict(kernel_volume=49, kernel=[1, 7, 7])
     planned, planned_forward = (make_plan(_h100(), *args, backward=b, **kw) for b in (True, False))
-    with mock.patch.dict(os.environ, {"FUSEDOPS_NA_DKDV_TILES": "1,4,16/1,8,8/8/2"}):
+    with fusedops.plan_override("neighborhood_attention", "dkdv", bm=(1, 4, 16), bn=(1, 8, 8), num_warps=8,
+                                num_stages=2):
         plan = make_plan(_h100(), *args, backward=True, **kw)
         assert (plan.bm, plan.bn, plan.dq_registers) == (planned.bm, planned.bn, planned.dq_registers)
         dkdv = plan.dkdv
         assert (dkdv.bm, dkdv.bn, dkdv.num_warps, dkdv.num_stages, dkdv.dkdv_registers) == (
             (1, 4, 16), (1, 8, 8), 8, 2, None)
         assert make_plan(_h100(), *args, backward=False, **kw) == planned_forward
-        assert make_plan(cuda_target(interpreted=True), *args, backward=True, **kw).dkdv is None
-    assert na_op.tiles_override() == "||"
+        interpreted = make_plan(cuda_target(interpreted=True), *args, backward=True, **kw).dkdv
+        assert (interpreted.bm, interpreted.bn, interpreted.num_warps) == ((1, 4, 16), (1, 8, 8), 8)
+    assert make_plan(_h100(), *args, backward=True, **kw) == planned  # restored on exit
 
 
 @pytest.mark.parametrize("spatial, kernel, d, dtype, backward, bm, bn, warps, fused", [
@@ -857,7 +850,7 @@ def test_cuda_backward_register_caps(spatial, kernel, d, dtype, dq_cap, dkdv_cap
     assert caps(_h100()) == (dq_cap, dkdv_cap)
     assert caps(cuda_target(interpreted=True)) == (None, None)
     assert caps(ascend_target(interpreted=True)) == (None, None)
-    with mock.patch.dict(os.environ, {"FUSEDOPS_NA_BWD_TILES": "1,1,64/1,1,32/4"}):
+    with fusedops.plan_override("neighborhood_attention", "bwd", bm=(1, 1, 64), bn=(1, 1, 32), num_warps=4):
         assert caps(_h100()) == (None, None)
 
 
@@ -931,25 +924,12 @@ def test_window_mask_variants_match_oracle(path, ndim, mask_bits, walk_tests):
         window="shifted", batch=1, kv_heads=1, groups=2, head_dim=8, head_dim_v=8, dtype=torch.float32,
         strided=True, scale=None, with_lse_grad=True, seed=ndim,
     )
-    plain = make_plan
-
-    def forced(*args, **kwargs):
-        plan = plain(*args, **kwargs)
-        plan = dataclasses.replace(plan, mask_bits=mask_bits and mask_bits_fit(plan.bn, ndim), walk_tests=walk_tests)
-        if plan.dkdv is not None:
-            plan = dataclasses.replace(plan, dkdv=dataclasses.replace(
-                plan.dkdv, mask_bits=mask_bits and mask_bits_fit(plan.dkdv.bn, ndim), walk_tests=walk_tests))
-        return plan
-
-    na_op._forward_spec.cache_clear()
-    na_op._backward_spec.cache_clear()
-    try:
-        with execution_path(path, onchip_bytes=12 * 1024), mock.patch.object(na_op, "make_plan", forced), \
-                recorded_launches(na_op) as launches:
-            check_case(case)
-    finally:
-        na_op._forward_spec.cache_clear()
-        na_op._backward_spec.cache_clear()
+    with execution_path(path, onchip_bytes=12 * 1024), \
+            fusedops.plan_override("neighborhood_attention", "fwd", mask_bits=mask_bits), \
+            fusedops.plan_override("neighborhood_attention", "bwd", mask_bits=mask_bits), \
+            fusedops.plan_override("neighborhood_attention", "dkdv", mask_bits=mask_bits, walk_tests=walk_tests), \
+            recorded_launches(na_op) as launches:
+        check_case(case)
     names = {name for name, _, _ in launches}
     assert {"na_fwd_kernel", "na_bwd_dq_kernel", "na_bwd_dkdv_kernel"} <= names
     assert any(meta["MASK_BITS"] for _, _, meta in launches) == mask_bits  # the forced mask ran
@@ -1006,8 +986,9 @@ def test_float32_dots_follow_the_tf32_setting(spatial, kernel):
     def precisions(target, dtype, setting):
         seen = []
         q, k, v = (torch.randn(1, 2, *spatial, 32, dtype=dtype, requires_grad=True) for _ in range(3))
-        with float32_matmul_precision(setting), mock.patch.object(na_op, "target_for", lambda device, dtype=None: target), \
-                mock.patch.object(na_op, "launch", lambda kernel, grid, tensors, args, meta: seen.append(
+        with float32_matmul_precision(setting), \
+                mock.patch.object(na_op, "target_for", lambda device, dtype=None: target), \
+                mock.patch.object(na_op, "launch", lambda kernel, grid, args, meta: seen.append(
                     (meta["DOT_FP32"], meta["PRECISION"]))):
             out = fusedops.neighborhood_attention(q, k, v, kernel)
             torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
@@ -1022,12 +1003,12 @@ def test_float32_dots_follow_the_tf32_setting(spatial, kernel):
 
 
 def test_tile_override_is_taken_as_given():
-    """A sweep's FUSEDOPS_NA_TILES is timed as named: not shrunk to the planner's on-chip budget (the
-    planner's own 2-D tiles for heads over 128 are), only clamped to the group lengths."""
+    """A sweep's forced boxes (plan_override) are timed as named: not shrunk to the planner's on-chip budget
+    (the planner's own 2-D tiles for heads over 128 are), only clamped to the group lengths."""
     spatial = [1, 64, 64]
     plan = make_plan(_h100(), spatial, [1, 1, 1], 256, 256, torch.bfloat16, 2, backward=False)
     assert plan.block_m * plan.block_n < 64 * 256
-    with mock.patch.dict(os.environ, {"FUSEDOPS_NA_TILES": "1,8,8/1,16,16/8"}):
+    with fusedops.plan_override("neighborhood_attention", "fwd", **tiles_from_string("1,8,8/1,16,16/8")):
         plan = make_plan(_h100(), spatial, [1, 1, 1], 256, 256, torch.bfloat16, 2, backward=False)
         assert (plan.bm, plan.bn, plan.num_warps) == ((1, 8, 8), (1, 16, 16), 8)
         plan = make_plan(_h100(), [1, 64, 6], [1, 1, 1], 64, 64, torch.bfloat16, 2, backward=False)

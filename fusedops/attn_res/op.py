@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional
 
 import torch
 from torch import Tensor
 
 from fusedops.launch import launch
+from fusedops.plans import forced
 from fusedops.numerics import accumulate_dtype
-from fusedops.layout import MAX_BATCH_DIMS, batch_walk, collapse_dims, unit_last_stride
+from fusedops.layout import sources_walk, unit_last_stride, walkable_sources
 from fusedops.registry import backward_direct_ok, call_direct, direct_autograd, direct_call_ok, fused_op
 from fusedops.targets import Target, target_for
 from fusedops.validation import (
@@ -31,7 +33,7 @@ from .kernels import (
     attn_res_fwd_kernel,
     attn_res_param_grad_kernel,
 )
-from .plan import Plan, depth_tile_plan, make_plan, reduce_plan, stash_rows
+from .plan import OP, Plan, depth_tile_plan, make_plan, reduce_plan, stash_rows
 
 
 def check_args(values: Tensor, query: Tensor, norm_weight: Optional[Tensor], eps: float) -> None:
@@ -55,33 +57,44 @@ def check_args(values: Tensor, query: Tensor, norm_weight: Optional[Tensor], eps
     check_fp32_normal("eps", eps)
 
 
-def _walkable(values: Tensor) -> Tensor:
-    """values itself when its last dim has stride 1 and its batch dims merge into the kernels'
-    MAX_BATCH_DIMS strided dims (read in place), else a contiguous copy: a rarer layout costs one copy,
-    not an error."""
-    sizes, _ = collapse_dims(values.shape[1:-1], values.stride()[1:-1])
-    walkable = len(sizes) <= MAX_BATCH_DIMS and unit_last_stride(values) is values
-    return values if walkable else values.contiguous()
-
-
-def _walk(values: Tensor) -> tuple[int, int, int, int, int]:
-    """(S1, S2, ST0, ST1, ST2) of the kernels' batch walk over values' dims 1..-2."""
-    sizes, strides = batch_walk("values", values.shape[1:-1], values.stride()[1:-1])
-    return sizes[1], sizes[2], strides[0], strides[1], strides[2]
+def _forced_plan(kernel: str, choose) -> Plan:
+    """choose(variant) under what fusedops.plan_override forces on attn_res's `kernel` ("forward",
+    "backward"): the variant it names, then its Plan fields on top (taken as given)."""
+    fields = forced(OP, kernel)
+    if not fields:
+        return choose(None)
+    variant = fields.pop("variant", None)
+    fields.pop("stash", None)  # read by _backward
+    plan = choose(variant)
+    if plan is None and {"block_n", "block_d", "grid", "num_warps"} <= set(fields):
+        # a depth tile the planner declines, as a sweep names it
+        plan = Plan(block_t=1, block_d=fields["block_d"], one_tile=True, grid=fields["grid"],
+                    num_warps=fields["num_warps"], block_n=fields["block_n"])
+    if plan is None:
+        raise ValueError(f"plan_override: attn_res {kernel} variant {variant!r} does not fit this shape on chip")
+    return replace(plan, **fields) if fields else plan
 
 
 def forward_plan(target: Target, tokens: int, sources: int, dim: int, elem_size: int) -> Plan:
-    """The depth-tile plan when all N source rows of a token fit on chip, else the online-softmax one."""
-    # Not for a symbolic N (torch.compile with dynamic shapes): see backward_plan.
-    if isinstance(sources, int):
-        depth = depth_tile_plan(target, tokens, sources, dim, elem_size, backward=False)
-        if depth is not None:
-            return depth
-    return make_plan(target, tokens, dim, elem_size, backward=False)
+    """The depth-tile plan when all N source rows of a token fit on chip, else the online-softmax one (or
+    what fusedops.plan_override("attn_res", "forward", ...) forces)."""
+
+    def choose(variant):
+        # Not for a symbolic N (torch.compile with dynamic shapes): see backward_plan.
+        if variant in (None, "depth_tile") and isinstance(sources, int):
+            depth = depth_tile_plan(target, tokens, sources, dim, elem_size, backward=False)
+            if depth is not None or variant == "depth_tile":
+                return depth
+        if variant not in (None, "online", "rows", "depth_tile"):
+            raise ValueError("plan_override: attn_res forward variant must be 'online' (alias 'rows') or 'depth_tile', "
+                             f"got {variant!r}")
+        return make_plan(target, tokens, dim, elem_size, backward=False)
+
+    return _forced_plan("forward", choose)
 
 
 def _forward(
-    values: Tensor, query: Tensor, norm_weight: Optional[Tensor], eps: float, target: Target, plan: Optional[Plan] = None
+    values: Tensor, query: Tensor, norm_weight: Optional[Tensor], eps: float, target: Target
 ) -> tuple[Tensor, Tensor]:
     n, dim = values.shape[0], values.shape[-1]
     out = values.new_empty(values.shape[1:])
@@ -89,20 +102,22 @@ def _forward(
     tokens = out.numel() // dim
     if tokens == 0:
         return out, lse
-    values, query, norm_weight = _walkable(values), unit_last_stride(query), unit_last_stride(norm_weight)
-    s1, s2, st0, st1, st2 = _walk(values)
-    plan = plan or forward_plan(target, tokens, n, dim, values.element_size())
+    values, query, norm_weight = walkable_sources(values), unit_last_stride(query), unit_last_stride(norm_weight)
+    s1, s2, st0, st1, st2 = sources_walk(values)
+    plan = forward_plan(target, tokens, n, dim, values.element_size())
     weight = query if norm_weight is None else norm_weight
-    walk = (n, tokens, dim, s1, s2, st0, st1, st2, values.stride(0), eps)
+    walk = dict(N=n, T=tokens, D=dim, S1=s1, S2=s2, ST0=st0, ST1=st1, ST2=st2, STRIDE_N=values.stride(0), eps=eps)
     f64 = values.dtype == torch.float64
     if plan.block_n:
-        launch(attn_res_fwd_depth_tile_kernel, (plan.grid,), (values, query, weight, out, lse), walk,
+        launch(attn_res_fwd_depth_tile_kernel, (plan.grid,),
+               dict(v_ptr=values, q_ptr=query, w_ptr=weight, out_ptr=out, lse_ptr=lse, **walk),
                dict(HAS_WEIGHT=norm_weight is not None, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d, F64=f64,
                     num_warps=plan.num_warps))
         return out, lse
     logits = out if plan.one_tile else values.new_empty((n, tokens), dtype=lse.dtype)
     launch(
-        attn_res_fwd_kernel, (plan.grid,), (values, query, weight, out, lse, logits), walk,
+        attn_res_fwd_kernel, (plan.grid,),
+        dict(v_ptr=values, q_ptr=query, w_ptr=weight, out_ptr=out, lse_ptr=lse, logits_ptr=logits, **walk),
         dict(HAS_WEIGHT=norm_weight is not None, ONE_TILE=plan.one_tile, UNROLL=plan.unroll,
              BLOCK_T=plan.block_t, BLOCK_D=plan.block_d, F64=f64, num_warps=plan.num_warps,
              num_stages=plan.num_stages),
@@ -113,38 +128,60 @@ def _forward(
 def backward_plan(target: Target, tokens: int, sources: int, dim: int, elem_size: int, one_pass: bool) -> Plan:
     """The depth-tile plan when all N source rows of a token fit on chip (it needs neither out nor lse);
     else the one-pass plan when the forward's out and lse are at hand and a whole row fits on chip (on
-    Ascend, for fp32 values only); otherwise the two-phase plan."""
-    # Not for a symbolic N (torch.compile with dynamic shapes): its tile height would need a guard on N,
-    # and a graph is meant to serve every size without recompiling.
-    depth = depth_tile_plan(target, tokens, sources, dim, elem_size) if isinstance(sources, int) else None
-    if depth is not None:
-        return depth
-    # triton-ascend's adapter cannot lower the one-pass kernel's deferred 16-bit rows (a select between
-    # pointer tensors, fusedops_tests/compile_ascend.py): on Ascend 16-bit values take the two-phase kernel.
-    if one_pass and not (target.vendor == "ascend" and elem_size < 4):
-        plan = make_plan(target, tokens, dim, elem_size, backward=True, one_pass=True)
-        if plan.one_tile:
-            return plan
-    return make_plan(target, tokens, dim, elem_size, backward=True)
+    Ascend, for fp32 values only); otherwise the two-phase plan. fusedops.plan_override("attn_res",
+    "backward", variant="two_phase" | "one_pass" | "depth_tile" | "rows", ...) forces one ("rows": the
+    planner's choice without the depth tile; a forced one-pass plan runs only where out and lse are at
+    hand and a whole row fits, else the two-phase kernel runs it)."""
+
+    def choose(variant):
+        if variant not in (None, "rows", "two_phase", "one_pass", "depth_tile"):
+            raise ValueError("plan_override: attn_res backward variant must be 'rows', 'two_phase', 'one_pass' or "
+                             f"'depth_tile', got {variant!r}")
+        # Not for a symbolic N (torch.compile with dynamic shapes): its tile height would need a guard on N,
+        # and a graph is meant to serve every size without recompiling.
+        if variant in (None, "depth_tile"):
+            depth = depth_tile_plan(target, tokens, sources, dim, elem_size) if isinstance(sources, int) else None
+            if depth is not None or variant == "depth_tile":
+                return depth
+        if variant == "one_pass":
+            return make_plan(target, tokens, dim, elem_size, backward=True, one_pass=True)
+        # triton-ascend's adapter cannot lower the one-pass kernel's deferred 16-bit rows (a select between
+        # pointer tensors, fusedops_tests/compile_ascend.py): on Ascend 16-bit values take the two-phase kernel.
+        if variant in (None, "rows") and one_pass and not (target.vendor == "ascend" and elem_size < 4):
+            plan = make_plan(target, tokens, dim, elem_size, backward=True, one_pass=True)
+            if plan.one_tile:
+                return plan
+        return make_plan(target, tokens, dim, elem_size, backward=True)
+
+    return _forced_plan("backward", choose)
+
+
+def _reduce_plan(target: Target, dim: int, programs: int, stash: int, acc_bytes: int) -> tuple[int, int, int, int]:
+    """reduce_plan, with what fusedops.plan_override("attn_res", "reduce", ...) forces on top."""
+    block_d, block_p, grid, rewrite_p = reduce_plan(target, dim, programs, stash, acc_bytes)
+    fields = forced(OP, "reduce")
+    if fields:
+        block_d, block_p = fields.get("block_d", block_d), fields.get("block_p", block_p)
+        grid, rewrite_p = fields.get("grid", grid), fields.get("rewrite_p", rewrite_p)
+    return block_d, block_p, grid, rewrite_p
 
 
 def _backward(
     grad_out: Tensor, values: Tensor, query: Tensor, norm_weight: Optional[Tensor], eps: float,
     need_values: bool, need_query: bool, need_norm_weight: bool, target: Target,
     out: Optional[Tensor] = None, lse: Optional[Tensor] = None, grad_lse: Optional[Tensor] = None,
-    plan: Optional[Plan] = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     n, dim = values.shape[0], values.shape[-1]
     tokens = grad_out.numel() // dim
     need_du = need_query or need_norm_weight
-    values, query, norm_weight = _walkable(values), unit_last_stride(query), unit_last_stride(norm_weight)
+    values, query, norm_weight = walkable_sources(values), unit_last_stride(query), unit_last_stride(norm_weight)
     grad_values = torch.empty_like(values, memory_format=torch.contiguous_format) if need_values else values.new_empty(0)
     grad_query = torch.empty_like(query) if need_query else query.new_empty(0)
     grad_weight = torch.empty_like(norm_weight) if need_norm_weight else query.new_empty(0)
     if not (need_values or need_du):
         return grad_values, grad_query, grad_weight
     saved = out is not None and lse is not None
-    plan = plan or backward_plan(target, tokens, n, dim, values.element_size(), saved)
+    plan = backward_plan(target, tokens, n, dim, values.element_size(), saved)
     one_pass = plan.one_pass and plan.one_tile and saved
     # One fp32 row of query/weight-gradient partial sums per program; not even allocated when only
     # grad_values is wanted (frozen mixing parameters). The depth-tile and one-pass kernels write every
@@ -154,13 +191,15 @@ def _backward(
     writes_once = (one_pass or bool(plan.block_n)) and tokens > 0
     programs = plan.grid if tokens else 1
     stash = stash_rows(target, n, dim, values.element_size()) if writes_once and need_values and need_du else 0
+    if stash and forced(OP, "backward").get("stash", stash) == 0:
+        stash = 0  # plan_override("attn_res", "backward", stash=0): the partial sums get their own buffer
     rows = (programs + 1, stash, 3) if stash else (programs, dim) if need_du else (1,)  # + 1: see _keep_row_scalars
     acc = accumulate_dtype(values.dtype)
     partial = (values.new_empty if writes_once else values.new_zeros)(rows, dtype=acc)
-    block_d, block_p, reduce_grid, rewrite_p = reduce_plan(target, dim, programs, stash, acc.itemsize)
+    block_d, block_p, reduce_grid, rewrite_p = _reduce_plan(target, dim, programs, stash, acc.itemsize)
     if tokens:
         grad_out = grad_out.contiguous()
-        s1, s2, st0, st1, st2 = _walk(values)
+        s1, s2, st0, st1, st2 = sources_walk(values)
         weight = query if norm_weight is None else norm_weight
         dv = grad_values if need_values else grad_out
         glse = grad_out if grad_lse is None else grad_lse.contiguous()
@@ -169,39 +208,42 @@ def _backward(
                      num_stages=plan.num_stages)
         # Always passed: torch.compile's wrap_triton takes no defaults for constexpr parameters.
         stash_flags = dict(STASH=stash, STASH_BLOCK=block_d if stash else 2)
+        rows_in = dict(g_ptr=grad_out, glse_ptr=glse, v_ptr=values, q_ptr=query, w_ptr=weight, dv_ptr=dv,
+                       partial_ptr=partial)
+        walk = dict(N=n, T=tokens, D=dim, S1=s1, S2=s2, ST0=st0, ST1=st1, ST2=st2, STRIDE_N=values.stride(0),
+                    DV_STEP=tokens * dim, eps=eps)
         if plan.block_n:
-            launch(
-                attn_res_bwd_depth_tile_kernel, (plan.grid,),
-                (grad_out, glse, values, query, weight, dv, partial),
-                (n, tokens, dim, s1, s2, st0, st1, st2, values.stride(0), tokens * dim, eps),
-                dict(flags, BLOCK_N=plan.block_n, **stash_flags),
-            )
+            launch(attn_res_bwd_depth_tile_kernel, (plan.grid,), dict(rows_in, **walk),
+                   dict(flags, BLOCK_N=plan.block_n, **stash_flags))
         elif one_pass:
             launch(
                 attn_res_bwd_onepass_kernel, (plan.grid,),
-                (grad_out, glse, out.contiguous(), lse.contiguous(), values, query, weight, dv, partial),
-                (n, tokens, dim, s1, s2, st0, st1, st2, values.stride(0), tokens * dim, eps),
+                dict(rows_in, out_ptr=out.contiguous(), lse_ptr=lse.contiguous(), **walk),
                 dict(flags, DEFER=out.element_size() == 2, UNROLL=plan.unroll, BLOCK_T=plan.block_t, **stash_flags),
             )
         else:
             stats = values.new_empty((3, n, tokens), dtype=acc)
             launch(
                 attn_res_bwd_kernel, (plan.grid,),
-                (grad_out, glse, values, query, weight, dv, partial, stats),
-                (n, tokens, dim, s1, s2, st0, st1, st2, values.stride(0), n * tokens, tokens * dim,
-                 (n - 1) * values.stride(0), (n - 1) * tokens, (n - 1) * tokens * dim, eps),
+                dict(rows_in, stats_ptr=stats, **walk, STAT_PLANE=n * tokens, LAST_N=(n - 1) * values.stride(0),
+                     LAST_STAT=(n - 1) * tokens, LAST_DV=(n - 1) * tokens * dim),
                 dict(flags, ONE_TILE=plan.one_tile, UNROLL=plan.unroll, BLOCK_T=plan.block_t),
             )
     if need_du:
         # With a stash the reduction also rewrites the stashed rows (from grad_out and values).
         rows_from = (grad_out, values, grad_values) if stash else (partial, partial, partial)
         first_token_step = 1 if plan.block_n else plan.block_t
-        walk = (first_token_step, *_walk(values), values.stride(0), tokens * dim) if stash else (1, 1, 1, 0, 0, 0, 0, 0)
+        if stash:
+            s1, s2, st0, st1, st2 = sources_walk(values)
+            walk = dict(T0_STEP=first_token_step, S1=s1, S2=s2, ST0=st0, ST1=st1, ST2=st2, STRIDE_N=values.stride(0),
+                        DV_STEP=tokens * dim)
+        else:
+            walk = dict(T0_STEP=1, S1=1, S2=1, ST0=0, ST1=0, ST2=0, STRIDE_N=0, DV_STEP=0)
         launch(
             attn_res_param_grad_kernel, (reduce_grid,),
-            (partial, query, query if norm_weight is None else norm_weight,
-             grad_query if need_query else partial, grad_weight if need_norm_weight else partial, *rows_from),
-            (programs, dim, *walk),
+            dict(partial_ptr=partial, q_ptr=query, w_ptr=query if norm_weight is None else norm_weight,
+                 dq_ptr=grad_query if need_query else partial, dw_ptr=grad_weight if need_norm_weight else partial,
+                 g_ptr=rows_from[0], v_ptr=rows_from[1], dv_ptr=rows_from[2], P=programs, D=dim, **walk),
             dict(HAS_WEIGHT=norm_weight is not None, NEED_DQ=need_query, NEED_DW=need_norm_weight, STASH=stash,
                  BLOCK_P=block_p, BLOCK_D=block_d, REWRITE_P=rewrite_p, F64=acc == torch.float64),
         )
@@ -365,7 +407,10 @@ def attn_res(
             block outputs); any number of batch dims, zero included. Any layout: a slice of a
             preallocated bank (``bank[:n]``), permuted or expanded batch dims are read in place
             where the last dim has stride 1 and the batch dims merge into three strided dims; other
-            layouts are copied, once in the forward and once in the backward.
+            layouts are copied, once in the forward and once in the backward. Or a list/tuple of N tensors
+            [*batch, D]: equally spaced views of one storage (``[bank[:, i] for i in range(n)]``) become a view
+            of it (no copy, outside torch.compile), other lists are stacked (one copy); see
+            `fusedops.attn_res_multi`.
         query: [D] float32/float16/bfloat16/float64, the learned pseudo-query; its dtype need not be values'
             (e.g. fp32 with bf16 values).
         norm_weight: [D] float32/float16/bfloat16/float64 RMSNorm gain applied to the keys; None means ones.
@@ -395,6 +440,10 @@ def attn_res(
     dynamo reports it with its message).
     """
     check_bool("return_lse", return_lse)
+    if isinstance(values, (list, tuple)):  # N sources not stacked (issue 37): a view of their bank, or a stack
+        from fusedops.block_attn_res.sources import stack_sources
+
+        values = stack_sources("values", values)
     if checks_in_wrapper():
         check_args(values, query, norm_weight, eps)
     if direct_call_ok(values, query, norm_weight):

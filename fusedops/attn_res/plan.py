@@ -6,33 +6,28 @@ from dataclasses import dataclass
 
 import torch
 
+from fusedops.plans import dtype_class, on_reload, resolve
 from fusedops.registry import memoize
 from fusedops.targets import Target, size_hint
+
+OP = "attn_res"
 
 # Bytes of on-chip state per tile element: the forward keeps the fp32 accumulator, the loaded row and
 # the folded query; the backward keeps grad_out, the query, the loaded row and the gradient row.
 # Two source rows are in flight when a row fits (UNROLL = 2), hence 4 more bytes per element.
 FORWARD_BYTES_PER_ELEMENT = 20
 BACKWARD_BYTES_PER_ELEMENT = 28
-# H100 sweep (bench/NOTES.md, attn_res): the forward is fastest with 8K-element tiles, the backward
-# with 4K-element tiles when a row fits and 8K (two tokens) when D is tiled; all with 4 warps, two
-# source rows in flight where a row fits, and the backward with two persistent programs per SM
-# (fewer tokens in flight keep phase 2's re-reads in L2).
-CUDA_FORWARD_TILE_ELEMENTS = 8192
-CUDA_BACKWARD_TILE_ELEMENTS = 4096
-CUDA_BACKWARD_TILED_ELEMENTS = 8192
-CUDA_NUM_WARPS = 4
-BACKWARD_PROGRAMS_PER_CORE = 2
 # The one-pass backward (the forward's out and lse known) keeps grad_out, the query, two source rows,
 # the gradient row and the sum of early rows (see the kernel); its per-program query-gradient
-# accumulator is left out of the count, so that D = 8192 keeps one pass on 8 warps (at most 32 row
-# elements per thread). The H100 sweep measured D = 8192 on 4 warps 2x slower (spills), one token
-# per program 1.6x faster than two, and 2 programs per SM 2-6% faster than 4, 10-15% than 8.
+# accumulator is left out of the count, so that D = 8192 keeps one pass on 8 warps.
 ONEPASS_BYTES_PER_ELEMENT = 24
-CUDA_ONEPASS_TILE_ELEMENTS = 4096
-CUDA_ONEPASS_PROGRAMS_PER_CORE = 2
-CUDA_ELEMENTS_PER_THREAD = 32
-CUDA_MAX_WARPS = 8
+# Tile sizes, warps, unrolling and programs per core come from plans.json (fusedops/plans.py); where
+# each row came from: bench/NOTES.md, "plans as data".
+
+
+def _features(target: Target, elem_size: int, dim, tokens) -> dict:
+    return dict(interpreted=target.interpreted, dtype=dtype_class(elem_size), dim=size_hint(dim),
+                tokens=size_hint(tokens))
 
 
 def acc_scale(elem_size: int) -> int:
@@ -66,6 +61,8 @@ class Plan:
 def make_plan(target: Target, tokens: int, dim: int, elem_size: int, *, backward: bool, one_pass: bool = False) -> Plan:
     """one_pass: the plan of attn_res_bwd_onepass_kernel, which only runs when `one_tile` comes out True
     (a whole row on chip); otherwise of the two-phase attn_res_bwd_kernel or of the forward."""
+    kernel = "bwd_onepass" if one_pass else "bwd" if backward else "fwd"
+    row = resolve(OP, kernel, target, **_features(target, elem_size, dim, tokens))
     if one_pass:
         per_element = ONEPASS_BYTES_PER_ELEMENT
     else:
@@ -80,19 +77,11 @@ def make_plan(target: Target, tokens: int, dim: int, elem_size: int, *, backward
     full_row = max(next_pow2(dim), min_row)
     one_tile = full_row <= largest
     block_d = full_row if one_tile else largest
-    if target.interpreted or target.vendor != "cuda":
-        wanted = largest  # the interpreter and Ascend prefer few, large tiles
-    else:
-        if one_pass:
-            wanted = CUDA_ONEPASS_TILE_ELEMENTS
-        elif not backward:
-            wanted = CUDA_FORWARD_TILE_ELEMENTS
-        else:
-            wanted = CUDA_BACKWARD_TILE_ELEMENTS if one_tile else CUDA_BACKWARD_TILED_ELEMENTS
-        wanted = max(wanted, block_d)
+    wanted = row["tile_elements"] if one_tile or kernel != "bwd" else row["tiled_tile_elements"]
+    wanted = max(wanted, block_d) if wanted else largest  # 0: the largest tile that fits
     hint = size_hint(tokens)  # tile shapes from the (hinted) size; blocks and grids from the real one
     block_t = max(1, min(prev_pow2(max(1, wanted // block_d)), next_pow2(max(hint, 1))))
-    if not target.interpreted:
+    if row["fill_cores"]:
         # Small rows: shrink the token block until every core has work (the interpreter, which runs
         # programs one by one, keeps large blocks).
         slots = target.vector_cores * target.resident
@@ -102,17 +91,17 @@ def make_plan(target: Target, tokens: int, dim: int, elem_size: int, *, backward
     # query/weight gradient, reduced in a fixed order afterwards (deterministic, no atomics).
     persistent = True if backward or one_pass else None
     grid = target.grid_size(blocks, persistent=persistent)
-    num_warps = CUDA_NUM_WARPS
-    if one_pass and target.vendor == "cuda":
-        grid = torch.sym_min(blocks, target.vector_cores * CUDA_ONEPASS_PROGRAMS_PER_CORE)
-        per_warp = 32 * CUDA_ELEMENTS_PER_THREAD
-        num_warps = min(CUDA_MAX_WARPS, max(CUDA_NUM_WARPS, block_t * block_d // per_warp))
+    num_warps = row["num_warps"]
+    if one_pass and row["elements_per_thread"]:
+        grid = torch.sym_min(blocks, target.vector_cores * row["programs_per_core"])
+        per_warp = 32 * row["elements_per_thread"]
+        num_warps = min(row["max_warps"], max(row["num_warps"], block_t * block_d // per_warp))
     elif backward:
-        grid = torch.sym_min(grid, target.vector_cores * BACKWARD_PROGRAMS_PER_CORE)
-    # Two rows in flight per depth step was measured on the H100 only. The Ascend plan loads one: its
-    # odd-N tail relies on masks that triton-ascend 3.2's interpreter drops when a mask is one
-    # element and False (`if not mask` in its store/load), which BLOCK_T == 1 tiles hit.
-    unroll = 2 if one_tile and target.vendor == "cuda" else 1
+        grid = torch.sym_min(grid, target.vector_cores * row["programs_per_core"])
+    # Ascend's rows load one row per depth step: its odd-N tail relies on masks that triton-ascend 3.2's
+    # interpreter drops when a mask is one element and False (`if not mask` in its store/load), which
+    # BLOCK_T == 1 tiles hit.
+    unroll = row["unroll"] if one_tile else 1
     return Plan(block_t=block_t, block_d=block_d, one_tile=one_tile, grid=grid, num_warps=num_warps, unroll=unroll,
                 one_pass=one_pass)
 
@@ -122,25 +111,6 @@ def make_plan(target: Target, tokens: int, dim: int, elem_size: int, *, backward
 # costs 4 + elem_size register bytes per element; Ascend keeps every element-wise temporary in UB.
 CUDA_DEPTH_TILE_EXTRA_BYTES = 4
 ASCEND_DEPTH_TILE_BYTES_PER_ELEMENT = 16
-# H100 sweep (bench/NOTES.md, attn_res run 10; bf16, whole backward): against the faster of the one-pass
-# and two-phase kernels the depth tile is 1.0-1.4x faster for tiles of up to 16K elements and 1.4x for 4
-# rows of 8K (D = 7168, 8192); larger tiles of more rows measured 0.84-1.06x (16 rows of 2K lose 16%), so
-# they are left to the other kernels. Fastest with at most 128 row elements per thread and at least one
-# warp per 1K of row width (up to 8), 4 programs per SM for tiles of up to 4K elements, 2 up to 16K and 1
-# above (programs past that compete for registers).
-CUDA_DEPTH_TILE_ELEMENTS = 16384
-CUDA_DEPTH_TILE_WIDE_ROWS = 4
-CUDA_DEPTH_TILE_ELEMENTS_PER_THREAD = 128
-CUDA_DEPTH_TILE_ROW_PER_WARP = 1024
-# The forward's depth tile, H100 sweep (bench/NOTES.md, attn_res run 11; bf16, kernel alone): 1.0-1.6x
-# faster than the online-softmax forward for up to 4 rows of any width that fits and for tiles of up to
-# 8K elements (N <= 8 at D = 1024), 0.7-1.0x for larger tiles of more rows. Fastest with 128 row
-# elements per thread (more warps measured 2-5x slower at D = 1024), one program per token for tiles of
-# up to 4K elements (10-25% faster there than a persistent grid), else 4 programs per SM.
-CUDA_DEPTH_TILE_FWD_ELEMENTS = 8192
-CUDA_DEPTH_TILE_FWD_ELEMENTS_PER_THREAD = 128
-CUDA_DEPTH_TILE_FWD_PER_TOKEN_ELEMENTS = 4096
-CUDA_DEPTH_TILE_FWD_PROGRAMS_PER_CORE = 4
 
 
 @memoize
@@ -157,23 +127,23 @@ def depth_tile_plan(target: Target, tokens: int, sources: int, dim: int, elem_si
     per_element = CUDA_DEPTH_TILE_EXTRA_BYTES * wide + elem_size if cuda else ASCEND_DEPTH_TILE_BYTES_PER_ELEMENT * wide
     if tile * per_element > target.onchip_bytes:
         return None
+    features = dict(_features(target, elem_size, dim, tokens), sources=sources, tile=tile)
+    row = resolve(OP, "bwd_depth" if backward else "fwd_depth", target, **features)
     if not cuda:
         return Plan(block_t=1, block_d=block_d, one_tile=True, grid=target.grid_size(tokens, persistent=True),
-                    num_warps=CUDA_NUM_WARPS, block_n=block_n)
-    largest = CUDA_DEPTH_TILE_ELEMENTS if backward else CUDA_DEPTH_TILE_FWD_ELEMENTS
-    if tile > largest and block_n > CUDA_DEPTH_TILE_WIDE_ROWS:
+                    num_warps=row["num_warps"], block_n=block_n)
+    if tile > row["max_tile_elements"] and block_n > row["wide_rows"]:
         return None
     if not backward:
-        num_warps = max(CUDA_NUM_WARPS, tile // (32 * CUDA_DEPTH_TILE_FWD_ELEMENTS_PER_THREAD))
-        if tile <= CUDA_DEPTH_TILE_FWD_PER_TOKEN_ELEMENTS:
+        num_warps = max(row["num_warps"], tile // (32 * row["elements_per_thread"]))
+        if tile <= row["per_token_elements"]:
             grid = target.grid_size(tokens, persistent=False)
         else:
-            grid = torch.sym_min(tokens, target.vector_cores * CUDA_DEPTH_TILE_FWD_PROGRAMS_PER_CORE)
+            grid = torch.sym_min(tokens, target.vector_cores * row["programs_per_core"])
         return Plan(block_t=1, block_d=block_d, one_tile=True, grid=grid, num_warps=num_warps, block_n=block_n)
-    per_warp = 32 * CUDA_DEPTH_TILE_ELEMENTS_PER_THREAD
-    num_warps = max(CUDA_NUM_WARPS, tile // per_warp, min(CUDA_MAX_WARPS, block_d // CUDA_DEPTH_TILE_ROW_PER_WARP))
-    per_core = 4 if tile <= 4096 else 2 if tile <= 16384 else 1
-    grid = torch.sym_min(tokens, target.vector_cores * per_core)
+    per_warp = 32 * row["elements_per_thread"]
+    num_warps = max(row["num_warps"], tile // per_warp, min(row["max_warps"], block_d // row["row_per_warp"]))
+    grid = torch.sym_min(tokens, target.vector_cores * row["programs_per_core"])
     return Plan(block_t=1, block_d=block_d, one_tile=True, grid=grid, num_warps=num_warps, block_n=block_n)
 
 
@@ -181,10 +151,6 @@ def depth_tile_plan(target: Target, tokens: int, sources: int, dim: int, elem_si
 # blocks give many programs, and tall program blocks few dependent steps each. Rewriting the rows under
 # a stash holds four fp32 tiles (stash, g, v and the gradient), so it walks them in blocks of its own
 # height; the sum keeps its blocks, so a stash changes no bit of the parameter gradients.
-CUDA_REDUCE_BLOCK_D = 32
-CUDA_REDUCE_MAX_BLOCK_P = 256
-REDUCE_BLOCK_D = 256
-REDUCE_MAX_BLOCK_P = 64
 REDUCE_BYTES_PER_ELEMENT = 8
 REWRITE_BYTES_PER_ELEMENT = 16
 
@@ -195,13 +161,14 @@ def reduce_plan(target: Target, dim: int, programs: int, stash: int = 0, acc_byt
     """(BLOCK_D, BLOCK_P, grid, REWRITE_P) for summing the backward's [programs, dim] partial sums (acc_bytes
     each: 4, 8 for float64 values) and, with a stash (see stash_rows), rewriting REWRITE_P stashed tokens at a
     time. With a stash of two 16-bit rows BLOCK_D divides dim, so each program owns whole columns of it."""
-    cuda = target.vendor == "cuda" and not target.interpreted
-    widest = 4096 if target.interpreted else CUDA_REDUCE_BLOCK_D if cuda else REDUCE_BLOCK_D
+    row = resolve(OP, "reduce", target, interpreted=target.interpreted, dtype=dtype_class(acc_bytes),
+                  dim=size_hint(dim), tokens=size_hint(programs))
+    widest = row["block_d"]
     if stash == 2:
         block_d = min(dim & -dim, widest)  # the largest power of two dividing dim
     else:
         block_d = max(min(next_pow2(dim), widest), max(1, target.row_align // 4))
-    tallest = CUDA_REDUCE_MAX_BLOCK_P if cuda else REDUCE_MAX_BLOCK_P
+    tallest = row["max_block_p"]
     heights = []
     for per_element in (REDUCE_BYTES_PER_ELEMENT, REWRITE_BYTES_PER_ELEMENT):
         budget = max(1, target.onchip_bytes // (per_element * acc_bytes // 4 * block_d))
@@ -231,3 +198,9 @@ def stash_rows(target: Target, sources: int, dim: int, elem_size: int) -> int:
     if rows == 2 and reduce_plan(target, dim, 1, 2)[0] < max(2, target.row_align // elem_size):
         return 0
     return rows
+
+
+on_reload(make_plan.cache_clear)
+on_reload(depth_tile_plan.cache_clear)
+on_reload(reduce_plan.cache_clear)
+on_reload(stash_rows.cache_clear)

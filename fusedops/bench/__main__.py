@@ -306,6 +306,11 @@ def plot(rows: list[dict], out: Path, stem: str, title: str, cpu: bool = False) 
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["tune"]:  # python -m fusedops.bench tune <op> ...: writes launch-plan table rows
+        from fusedops.bench import tune
+
+        return tune.main(argv[1:])
     args = parse_args(argv)
     started = time.perf_counter()
     device = detect_device(args.device)

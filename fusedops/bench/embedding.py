@@ -92,13 +92,13 @@ def sweep(cases=((151936, 4096, 16384), (32768, 768, 16384))) -> None:
     python -c "from fusedops.bench.embedding import sweep; sweep()" """
     import triton.testing
 
+    from fusedops import plans
     from fusedops.bench.common import measure_ceiling
     from fusedops.embedding import plan as emb_plan
     from fusedops.embedding.kernels import embedding_fwd_kernel
     from fusedops.targets import target_for
 
     print(f"sweep copy ceiling {measure_ceiling(torch.device('cuda')):.3f} TB/s")
-    saved = (emb_plan.CUDA_TILE_BYTES, emb_plan.CUDA_MAX_BLOCK_D)
     for v, d, tokens in cases:
         gen = torch.Generator().manual_seed(0)
         weight = torch.randn(v, d, generator=gen).to("cuda", torch.bfloat16)
@@ -106,14 +106,16 @@ def sweep(cases=((151936, 4096, 16384), (32768, 768, 16384))) -> None:
         target = target_for(weight.device)
         out = torch.empty(tokens, d, device="cuda", dtype=torch.bfloat16)
         for tile_bytes, max_d in [(8192, 512), (16384, 1024), (32768, 2048)]:
-            emb_plan.CUDA_TILE_BYTES, emb_plan.CUDA_MAX_BLOCK_D = tile_bytes, max_d
-            pf = emb_plan.make_plan(target, tokens, d, 2, backward=False)
+            row = {"kernel": "fwd", "vendor": "cuda", "arch": target.arch or "*", "when": {"interpreted": False},
+                   "params": {"tile_bytes": tile_bytes, "max_block_d": max_d, "min_rows": 1, "run_chunk": 256},
+                   "run": "sweep"}
+            with plans.candidate_rows("embedding", [row]):
+                pf = emb_plan.make_plan(target, tokens, d, 2, backward=False)
             ms = triton.testing.do_bench(lambda: embedding_fwd_kernel[(pf.grid,)](
                 idx, weight, out, tokens, v, d, 1, weight.stride(0), 1,
                 BLOCK_T=pf.block_rows, BLOCK_D=pf.block_d, num_warps=pf.num_warps), return_mode="median")
             print(f"sweep {v},{d},{tokens} tile={tile_bytes} fwd[{pf.block_rows}x{pf.block_d} w{pf.num_warps}] "
                   f"{ms:.4f} ms {2 * tokens * d * 2 / ms / 1e9:.3f} TB/s", flush=True)
-    emb_plan.CUDA_TILE_BYTES, emb_plan.CUDA_MAX_BLOCK_D = saved
 
 
 # Backward-kernel tile variants: (rows, features, warps, register cap); one program per work item.

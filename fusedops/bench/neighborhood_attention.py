@@ -7,7 +7,7 @@ forward 4 * B * H * tokens * window * D, forward+backward 3.5x that.
 
     python -m fusedops.bench.neighborhood_attention [--quick] [--sweep]
     (also: python -m fusedops.bench neighborhood_attention)
---sweep adds fusedops rows for alternative tile boxes (FUSEDOPS_NA_TILES) to tune the CUDA plan.
+--sweep adds fusedops rows for alternative tile boxes (fusedops.plan_override) to tune the CUDA plan.
 """
 
 from __future__ import annotations
@@ -105,15 +105,12 @@ def providers(ctx: Context, case, sweep: bool):
     if sweep and ctx.device.type == "cuda":
         for tiles in SWEEP[ndim]:
             def swept(q, k, v, tiles=tiles):
-                old = os.environ.get("FUSEDOPS_NA_TILES")
-                os.environ["FUSEDOPS_NA_TILES"] = tiles
-                try:
+                from fusedops.neighborhood_attention.plan import tiles_from_string
+
+                forced = tiles_from_string(tiles)  # the forward's and the backward's tiles, as given
+                with fusedops.plan_override("neighborhood_attention", "fwd", **forced), \
+                        fusedops.plan_override("neighborhood_attention", "bwd", **forced):
                     return fusedops.neighborhood_attention(q, k, v, list(kernel))
-                finally:
-                    if old is None:
-                        os.environ.pop("FUSEDOPS_NA_TILES", None)
-                    else:
-                        os.environ["FUSEDOPS_NA_TILES"] = old
 
             yield f"fusedops[{tiles}]", swept, lambda t: t
 

@@ -21,6 +21,7 @@ import torch
 import triton.testing
 from torch._library.triton import set_wrap_triton_enabled
 
+import fusedops
 from fusedops.attn_res import kernels as attn_res_kernels
 from fusedops.attn_res import op as attn_res_op
 from fusedops.attn_res.op import _backward, _forward
@@ -110,14 +111,13 @@ def sweep_depth_tile() -> None:
         out, lse = _forward(v, q, w, 1e-6, target)
         one = make_plan(target, tokens, dim, 2, backward=True, one_pass=True)
         two = make_plan(target, tokens, dim, 2, backward=True)
-        ref = _backward(g, v, q, w, 1e-6, True, True, True, target, out, lse, None, one)
-        t_one = _time(f"one-pass {case}", lambda: _backward(g, v, q, w, 1e-6, True, True, True, target, out, lse,
-                                                             None, one), nbytes, ceiling, False)
-        t_two = _time(f"two-phase {case}", lambda: _backward(g, v, q, w, 1e-6, True, True, True, target, plan=two),
+        ref = _bwd(one, g, v, q, w, target, out, lse)
+        t_one = _time(f"one-pass {case}", lambda: _bwd(one, g, v, q, w, target, out, lse), nbytes, ceiling, False)
+        t_two = _time(f"two-phase {case}", lambda: _bwd(two, g, v, q, w, target),
                       nbytes, ceiling, False)
         best = _sweep_depth_configs(
             case, depth_tile_plan(target, tokens, n, dim, 2), n, dim, tokens, target, DEPTH_CONFIGS, 256,
-            lambda plan: _backward(g, v, q, w, 1e-6, True, True, True, target, plan=plan), ref, nbytes, ceiling)
+            lambda plan: _bwd(plan, g, v, q, w, target), ref, nbytes, ceiling)
         table.append((case, t_one, t_two, *best))
         del v, g, out
         torch.cuda.empty_cache()
@@ -140,7 +140,7 @@ def sweep_depth_tile_forward() -> None:
         t_online = _time(f"online {case}", lambda: _forward(v, q, w, 1e-6, target, online), nbytes, ceiling, False)
         best = _sweep_depth_configs(
             case, depth_tile_plan(target, tokens, n, dim, 2, backward=False), n, dim, tokens, target,
-            DEPTH_FWD_CONFIGS, 128, lambda plan: _forward(v, q, w, 1e-6, target, plan), ref, nbytes, ceiling)
+            DEPTH_FWD_CONFIGS, 128, lambda plan: _fwd(plan, v, q, w, target), ref, nbytes, ceiling)
         table.append((case, t_online, *best, nbytes))
         del v
         torch.cuda.empty_cache()
@@ -175,7 +175,7 @@ def sweep_stash() -> None:
             for name in times:
                 with contextlib.ExitStack() as stack:
                     if name == "buffer":
-                        stack.enter_context(_patched(stash_rows=lambda *args: 0))
+                        stack.enter_context(fusedops.plan_override("attn_res", "backward", stash=0))
                     results[name] = run()
                     torch.cuda.synchronize()
                     base = torch.cuda.memory_allocated()
@@ -189,7 +189,7 @@ def sweep_stash() -> None:
         err = max(((a - b).float().norm() / b.float().norm()).item() for a, b in zip(results["stash"][1:],
                                                                                    results["buffer"][1:]))
         table.append((case, min(times["stash"]), min(times["buffer"]), peaks["stash"], peaks["buffer"], same, err))
-        _sweep_stash_reduction(case, run, results["stash"], nbytes, ceiling)
+        _sweep_stash_reduction(case, run, results["stash"], nbytes, ceiling, target, dim)
         del v, g, out, results
         torch.cuda.empty_cache()
     print("\ncase | stash ms | own buffer ms | stash/buffer | peak MB stash | peak MB buffer | grad_values equal |"
@@ -203,22 +203,16 @@ STASH_REDUCE_CONFIGS = [(32, 128, 4), (32, 256, 4), (32, 256, 8), (16, 128, 4), 
                         (64, 128, 8)]
 
 
-def _sweep_stash_reduction(case, run, ref, nbytes, ceiling) -> None:
-    """Times run() (the whole backward) with each reduction config of STASH_REDUCE_CONFIGS."""
-    planned = attn_res_op.reduce_plan
-
+def _sweep_stash_reduction(case, run, ref, nbytes, ceiling, target, dim) -> None:
+    """Times run() (the whole backward, with a stash) with each reduction config of STASH_REDUCE_CONFIGS."""
     for block_d, block_p, warps in STASH_REDUCE_CONFIGS:
-        def plan(target, dim, programs, stash=0):
-            if not stash:
-                return planned(target, dim, programs, stash)
-            return block_d, block_p, target.grid_size(-(-dim // block_d)), block_p
-
-        def launch_warps(kernel, grid, tensors, scalars, meta):
+        def launch_warps(kernel, grid, args, meta):
             if kernel is attn_res_kernels.attn_res_param_grad_kernel:
                 meta = {**meta, "num_warps": warps}
-            launch(kernel, grid, tensors, scalars, meta)
+            launch(kernel, grid, args, meta)
 
-        with _patched(reduce_plan=plan, launch=launch_warps):
+        with fusedops.plan_override("attn_res", "reduce", block_d=block_d, block_p=block_p, rewrite_p=block_p,
+                                    grid=target.grid_size(-(-dim // block_d))), _patched(launch=launch_warps):
             grads = run()
             err = max(((a - b).float().norm() / b.float().norm()).item() for a, b in zip(grads, ref))
             _time(f"stash reduction {case} BLOCK_D {block_d} BLOCK_P {block_p} w{warps} err {err:.1e}", run, nbytes,
@@ -246,12 +240,12 @@ def sweep() -> None:
             for name, kernel in _kernels("attn_res_fwd_kernel").items():
                 with _patched(attn_res_fwd_kernel=kernel):
                     _time(f"fwd {name} {case} bt{block_t} w{warps} grid {plan.grid}",
-                          lambda: _forward(v, q, w, 1e-6, target, plan), fwd_bytes, ceiling, same and name == "now")
+                          lambda: _fwd(plan, v, q, w, target), fwd_bytes, ceiling, same and name == "now")
         if not BACKWARD:
             continue
         out, lse = _forward(v, q, w, 1e-6, target)
         two_phase = make_plan(target, tokens, dim, 2, backward=True)
-        _time(f"bwd two-phase {case}", lambda: _backward(g, v, q, w, 1e-6, True, True, True, target, plan=two_phase),
+        _time(f"bwd two-phase {case}", lambda: _bwd(two_phase, g, v, q, w, target),
               bwd_bytes, ceiling, False)
         base = make_plan(target, tokens, dim, 2, backward=True, one_pass=True)
         if not base.one_tile:
@@ -282,6 +276,25 @@ def _kernels(name: str) -> dict:
     return kernels
 
 
+def _force(kind: str, plan: Plan):
+    """plan_override forcing `plan` (its kernel variant and fields) on the forward or backward."""
+    variant = ("depth_tile" if plan.block_n else "one_pass" if plan.one_pass else
+               "two_phase" if kind == "backward" else "online")
+    fields = {k: getattr(plan, k) for k in ("block_t", "block_d", "grid", "num_warps", "unroll", "num_stages",
+                                            "block_n")}
+    return fusedops.plan_override("attn_res", kind, variant=variant, **fields)
+
+
+def _fwd(plan, v, q, w, target):
+    with _force("forward", plan):
+        return _forward(v, q, w, 1e-6, target)
+
+
+def _bwd(plan, g, v, q, w, target, out=None, lse=None):
+    with _force("backward", plan):
+        return _backward(g, v, q, w, 1e-6, True, True, True, target, out, lse)
+
+
 @contextlib.contextmanager
 def _patched(**names):
     """Replace names of fusedops.attn_res.op (a kernel, `launch`) for the duration of the block."""
@@ -299,12 +312,12 @@ def _onepass(kernel, g, v, q, w, out, lse, target, plan, extra):
     """The one-pass backward kernel alone, launched by the op's own _backward under `plan` with the
     extra launch options merged in; the partial-sum reduction that follows it is not launched."""
 
-    def launch_extra(k, grid, tensors, scalars, meta):
+    def launch_extra(k, grid, args, meta):
         if k is kernel:
-            launch(k, grid, tensors, scalars, {**meta, **extra})
+            launch(k, grid, args, {**meta, **extra})
 
     with _patched(attn_res_bwd_onepass_kernel=kernel, launch=launch_extra):
-        return _backward(g, v, q, w, 1e-6, True, True, True, target, out, lse, None, plan)
+        return _bwd(plan, g, v, q, w, target, out, lse)
 
 
 if __name__ == "__main__":

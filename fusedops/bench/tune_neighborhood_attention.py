@@ -1,21 +1,49 @@
 """Sweep neighborhood-attention tiles on a GPU (not part of `python -m fusedops.bench`): GPU time (profiler) of
-one fwd+bwd step per FUSEDOPS_NA_BWD_TILES setting, the forward plan fixed (TUNE_KERNELS="7 7x7" picks
-cases by kernel); TUNE_FORWARD=1: the forward kernel alone per FUSEDOPS_NA_TILES setting on the
+one fwd+bwd step per backward tile setting, the forward plan fixed (TUNE_KERNELS="7 7x7" picks
+cases by kernel); TUNE_FORWARD=1: the forward kernel alone per forward tile setting on the
 benchmark's cases; TUNE_STAGES=1: the planner's tiles at each pipelining depth; TUNE_REGISTERS=1: the
 planner's tiles under register caps, per kernel; TUNE_FUSED=1: the fused 1-D backward's blocks against the
 two-kernel backward on narrow windows; TUNE_BOXES=1: box settings of the forward/dQ and of the dK/dV kernel on 2-D cases
 (TUNE_VARIANTS or BOX_VARIANTS), device us per kernel of one fwd+bwd step; TUNE_CAPS=1: per-kernel register caps,
 constexprs and tiles together (TUNE_VARIANTS or CAP_VARIANTS). A plan change is backed by a measurement.
+Tile settings are in the notation of bench/NOTES.md ("bm/bn[/warps[/stages]]", "fused/BLOCK[/warps[/stages]]"),
+forced with fusedops.plan_override (`_set_tiles`; "TILES" forces the forward and, unless "BWD_TILES" is set,
+the backward, as the FUSEDOPS_NA_*TILES variables of the runs in NOTES did). For table rows, use
+`python -m fusedops.bench tune neighborhood_attention`.
 Usage: python -m fusedops.bench.tune_neighborhood_attention"""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 
 import torch
 
 import fusedops
+from fusedops.neighborhood_attention.plan import OP, tiles_from_string
+
+_TILES: dict = {}
+_STACK = contextlib.ExitStack()
+
+
+def _set_tiles(name: str, value: str) -> None:
+    """Force the tiles `value` ("" clears) for "TILES" (forward, and backward unless BWD_TILES is set),
+    "BWD_TILES" (dQ, or the fused 1-D backward) or "DKDV_TILES" (the dK/dV kernel), via plan_override."""
+    global _STACK
+    if value:
+        _TILES[name] = value
+    else:
+        _TILES.pop(name, None)
+    _STACK.close()
+    _STACK = contextlib.ExitStack()
+    forward, backward, dkdv = (_TILES.get(k, "") for k in ("TILES", "BWD_TILES", "DKDV_TILES"))
+    if forward and not forward.startswith("fused"):
+        _STACK.enter_context(fusedops.plan_override(OP, "fwd", **tiles_from_string(forward)))
+    if backward or forward:
+        _STACK.enter_context(fusedops.plan_override(OP, "bwd", **tiles_from_string(backward or forward)))
+    if dkdv:
+        _STACK.enter_context(fusedops.plan_override(OP, "dkdv", **tiles_from_string(dkdv)))
 from fusedops.bench.common import gpu_kernel_times_us, gpu_time_ms
 
 CASES = [  # (B, H, spatial, D, kernel): python -m fusedops.bench neighborhood_attention's cases
@@ -78,7 +106,7 @@ def forward_sweep() -> None:
         q, k, v = _inputs(b, h, spatial, d, grad=False)
         expected = None
         for tiles in FORWARD_VARIANTS[len(spatial)]:
-            os.environ["FUSEDOPS_NA_TILES"] = tiles
+            _set_tiles("TILES", tiles)
             try:
                 out = fusedops.neighborhood_attention(q, k, v, list(kernel))
                 expected = out if expected is None else expected
@@ -88,7 +116,7 @@ def forward_sweep() -> None:
                       f"{'' if same else ' DIFFERENT RESULT'}", flush=True)
             except Exception as e:  # noqa: BLE001
                 print(f"{spatial} k{kernel} {tiles}: {type(e).__name__}: {str(e)[:120]}", flush=True)
-        os.environ.pop("FUSEDOPS_NA_TILES", None)
+        _set_tiles("TILES", "")
 
 
 def stages_sweep() -> None:
@@ -120,14 +148,14 @@ def stages_sweep() -> None:
                 f"{','.join(map(str, plan.bm))}/{','.join(map(str, plan.bn))}/{plan.num_warps}"
             for stage in stages:
                 tiles = box if stage is None else f"{box}/{stage}"
-                os.environ["FUSEDOPS_NA_BWD_TILES" if backward else "FUSEDOPS_NA_TILES"] = tiles
+                _set_tiles("BWD_TILES" if backward else "TILES", tiles)
                 try:
                     us = sum(gpu_kernel_times_us(fn).values())
                     print(f"{name} {'fwd+bwd (bwd' if backward else 'fwd (fwd'} tiles {tiles:20s}) GPU {us:8.1f} us",
                           flush=True)
                 except Exception as e:  # noqa: BLE001
                     print(f"{name} {tiles}: {type(e).__name__}: {str(e)[:160]}", flush=True)
-            os.environ.pop("FUSEDOPS_NA_BWD_TILES" if backward else "FUSEDOPS_NA_TILES", None)
+            _set_tiles("BWD_TILES" if backward else "TILES", "")
 
 
 FUSED_CASES = [(2, 12, (4096,), 64, (k,)) for k in (3, 7, 11, 15, 17, 31)] + [
@@ -151,13 +179,13 @@ def _cap_registers(caps: dict, flags: dict | None = None) -> None:
     plain = getattr(op, "_plain_launch", op.launch)
     op._plain_launch = plain
 
-    def capped(kernel, grid, tensors, scalars, meta):
+    def capped(kernel, grid, args, meta):
         if kernel in caps:
             meta = {k: v for k, v in meta.items() if k != "maxnreg"}
             if caps[kernel]:
                 meta["maxnreg"] = caps[kernel]
         meta = dict(meta, **(flags or {}).get(kernel, {}))
-        plain(kernel, grid, tensors, scalars, meta)
+        plain(kernel, grid, args, meta)
 
     op.launch = capped
 
@@ -183,7 +211,7 @@ def registers_sweep() -> None:
 
 
 # "caps;tiles|dkdv": per-kernel register caps "kernel=cap,..." (fwd, dq, dkdv; 0 = uncapped) or constexprs
-# "kernel.NAME=int", then optional FUSEDOPS_NA_TILES | FUSEDOPS_NA_DKDV_TILES values (the caps apply to them too).
+# "kernel.NAME=int", then optional TILES | DKDV_TILES values (the caps apply to them too).
 # 128 registers fit four 4-warp programs per SM where the tiles' shared memory allows it.
 CAP_VARIANTS = ["planner", "fwd=128", "dq=128", "fwd=128,dq=128", "fwd=144,dq=144"]
 CAP_CASES = [(2, 16, (8192,), 128, (33,)), (1, 8, (16384,), 64, (129,)), (1, 16, (16, 32, 32), 64, (7, 7, 7)),
@@ -230,7 +258,7 @@ def fused_sweep() -> None:
             tiles, _, cap = variant.partition("+maxnreg=")
             tiles = "" if tiles == "planner" else tiles
             _cap_registers({na_bwd_fused_1d_kernel: int(cap) if cap else 0})
-            os.environ["FUSEDOPS_NA_BWD_TILES"] = tiles
+            _set_tiles("BWD_TILES", tiles)
             try:
                 grads = step()
                 expected = grads if expected is None else expected
@@ -240,12 +268,12 @@ def fused_sweep() -> None:
                       f"max rel diff {err:.1e}", flush=True)
             except Exception as e:  # noqa: BLE001
                 print(f"{_name(spatial, d, kernel)} {variant}: {type(e).__name__}: {str(e)[:120]}", flush=True)
-        os.environ.pop("FUSEDOPS_NA_BWD_TILES", None)
+        _set_tiles("BWD_TILES", "")
         _cap_registers({})
 
 
 # Key boxes tall in the outer axis put a 2-D walk's steps in the innermost loop, the one Triton pipelines.
-# "tiles|dkdv": FUSEDOPS_NA_TILES (forward and dQ) | FUSEDOPS_NA_DKDV_TILES (the dK/dV kernel alone).
+# "tiles|dkdv": TILES (forward and dQ) | DKDV_TILES (the dK/dV kernel alone), see _set_tiles.
 BOX_VARIANTS = ["", "1,8,8/1,16,2/4", "1,8,8/1,16,4/4", "1,8,4/1,16,2/2", "1,8,8/1,16,2/4/2", "1,8,8/1,32,2/4",
                 "|1,16,4/1,8,8/4", "|1,16,2/1,8,8/4", "|1,16,8/1,8,8/4", "|1,16,4/1,8,8/4/2", "|1,16,4/1,8,16/8",
                 "1,8,8/1,16,2/4|1,16,4/1,8,8/4"]
@@ -267,11 +295,11 @@ def boxes_sweep() -> None:
 
 
 def _boxes_row(case: str, label: str, boxes: str, step, expected):
-    """Run the step under the "tiles|dkdv" boxes (FUSEDOPS_NA_TILES | FUSEDOPS_NA_DKDV_TILES) and print its device
+    """Run the step under the "tiles|dkdv" boxes (TILES | DKDV_TILES, see _set_tiles) and print its device
     us per kernel and its gradients' largest difference from `expected` (the first row's, returned)."""
     tiles, _, dkdv = boxes.partition("|")
-    os.environ["FUSEDOPS_NA_TILES"] = tiles
-    os.environ["FUSEDOPS_NA_DKDV_TILES"] = dkdv
+    _set_tiles("TILES", tiles)
+    _set_tiles("DKDV_TILES", dkdv)
     try:
         grads = step()
         expected = grads if expected is None else expected
@@ -282,8 +310,8 @@ def _boxes_row(case: str, label: str, boxes: str, step, expected):
 
 
 def _clear_boxes() -> None:
-    os.environ.pop("FUSEDOPS_NA_TILES", None)
-    os.environ.pop("FUSEDOPS_NA_DKDV_TILES", None)
+    _set_tiles("TILES", "")
+    _set_tiles("DKDV_TILES", "")
 
 
 def selected_cases(cases=CASES) -> list:
@@ -316,14 +344,14 @@ def main() -> None:
 
         # TUNE_PLANNER_ONLY=1: the planner's tiles only (a kernel change, not a plan change, is measured)
         for tiles in [""] if os.environ.get("TUNE_PLANNER_ONLY") == "1" else VARIANTS[len(spatial)]:
-            os.environ["FUSEDOPS_NA_BWD_TILES"] = tiles
+            _set_tiles("BWD_TILES", tiles)
             try:
                 ms = gpu_time_ms(step)
                 print(f"{_name(spatial, d, kernel)} bwd tiles {tiles or '(planner)':22s} fwd+bwd GPU {ms:.4f} ms",
                       flush=True)
             except Exception as e:  # noqa: BLE001
                 print(f"{spatial} k{kernel} {tiles}: {type(e).__name__}: {str(e)[:120]}", flush=True)
-        os.environ.pop("FUSEDOPS_NA_BWD_TILES", None)
+        _set_tiles("BWD_TILES", "")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from .kernels import (
     embedding_run_keys_kernel,
     embedding_run_offsets_kernel,
 )
-from .plan import MAX_LOG_TOKENS, OFFSETS_BLOCK, RUN_BLOCK, make_plan, run_key_dtype
+from .plan import MAX_LOG_TOKENS, OFFSETS_BLOCK, RUN_BLOCK, forced_plan, make_plan, run_key_dtype
 
 INDEX_DTYPES = (torch.int32, torch.int64)
 CHECK_BOUNDS = ("device", "host")
@@ -106,11 +106,12 @@ def _forward(weight: Tensor, indices: Tensor, target: Target) -> Tensor:
     tokens = indices.numel()
     if tokens == 0 or dim == 0:
         return out
-    plan = make_plan(target, tokens, dim, weight.element_size(), backward=False)
+    plan = forced_plan(make_plan(target, tokens, dim, weight.element_size(), backward=False), "fwd")
     flat, stride = flat_indices(indices)
     launch(
-        embedding_fwd_kernel, (plan.grid,), (flat, weight, out),
-        (tokens, num_weights, dim, stride, weight.stride(0), weight.stride(1)),
+        embedding_fwd_kernel, (plan.grid,),
+        dict(idx_ptr=flat, w_ptr=weight, out_ptr=out, N=tokens, V=num_weights, D=dim, IDX_S=stride,
+             W_S0=weight.stride(0), W_S1=weight.stride(1)),
         dict(BLOCK_T=plan.block_rows, BLOCK_D=plan.block_d, num_warps=plan.num_warps),
     )
     return out
@@ -136,12 +137,13 @@ def _sorted_runs(indices: Tensor, num_weights: int, target: Target) -> tuple[Ten
     if tokens == 0:
         return flat.new_zeros(1, dtype=key_dtype), flat.new_zeros(1), flat.new_zeros(num_weights + 1)
     keys = flat.new_empty(tokens, dtype=key_dtype)
-    launch(embedding_run_keys_kernel, (target.grid_size(-(-tokens // RUN_BLOCK)),), (flat, keys),
-           (tokens, num_weights, stride), dict(BLOCK=RUN_BLOCK))
+    launch(embedding_run_keys_kernel, (target.grid_size(-(-tokens // RUN_BLOCK)),),
+           dict(idx_ptr=flat, keys_ptr=keys, N=tokens, V=num_weights, IDX_S=stride), dict(BLOCK=RUN_BLOCK))
     keys, perm = torch.sort(keys, stable=True)
     offsets = flat.new_empty(num_weights + 1, dtype=torch.int64)
     launch(embedding_run_offsets_kernel, (target.grid_size(-(-(num_weights + 1) // OFFSETS_BLOCK)),),
-           (keys, offsets), (tokens, num_weights), dict(LOG_N=_search_steps(tokens), BLOCK=OFFSETS_BLOCK))
+           dict(keys_ptr=keys, offs_ptr=offsets, N=tokens, V=num_weights),
+           dict(LOG_N=_search_steps(tokens), BLOCK=OFFSETS_BLOCK))
     return keys, perm, offsets
 
 
@@ -155,7 +157,7 @@ def _backward(
     tokens = indices.numel()
     keys, perm, offsets = _sorted_runs(indices, num_weights, target)
     grad2d = grad_out.reshape(-1, dim)
-    plan = make_plan(target, num_weights, dim, grad_out.element_size(), backward=True, tokens=tokens)
+    plan = forced_plan(make_plan(target, num_weights, dim, grad_out.element_size(), backward=True, tokens=tokens), "bwd")
     chunk = plan.run_chunk
     # Partial sums of the chunks of runs longer than one chunk (see embedding_bwd_merge_kernel); a batch
     # of at most one chunk has no such run, and skips the buffer and the merge.
@@ -163,17 +165,19 @@ def _backward(
     part = grad_out.new_empty((2 * -(-tokens // chunk), dim) if split else (1, 1),
                               dtype=accumulate_dtype(grad_out.dtype))
     launch(
-        embedding_bwd_kernel, (plan.grid,), (grad2d, keys, perm, offsets, grad_weight, part),
-        (num_weights, dim, tokens, grad2d.stride(0), grad2d.stride(1), padding_idx,
-         plan.zeros_per_run(num_weights, tokens)),
+        embedding_bwd_kernel, (plan.grid,),
+        dict(g_ptr=grad2d, keys_ptr=keys, perm_ptr=perm, offs_ptr=offsets, gw_ptr=grad_weight, part_ptr=part,
+             V=num_weights, D=dim, N=tokens, G_S0=grad2d.stride(0), G_S1=grad2d.stride(1), PAD=padding_idx,
+             ZEROS_PER_RUN=plan.zeros_per_run(num_weights, tokens)),
         dict(SCALE=scale_grad_by_freq, BLOCK_R=plan.block_rows, BLOCK_D=plan.block_d, EVICT=plan.evict, CHUNK=chunk,
              F64=grad_out.dtype == torch.float64, num_warps=plan.num_warps,
              **({"maxnreg": plan.max_registers} if plan.max_registers else {})),
     )
     if split:
         merge_items = -(-tokens // chunk) * -(-dim // plan.block_d)
-        launch(embedding_bwd_merge_kernel, (target.grid_size(merge_items),), (part, keys, offsets, grad_weight),
-               (num_weights, dim, tokens, padding_idx),
+        launch(embedding_bwd_merge_kernel, (target.grid_size(merge_items),),
+               dict(part_ptr=part, keys_ptr=keys, offs_ptr=offsets, gw_ptr=grad_weight, V=num_weights, D=dim,
+                    N=tokens, PAD=padding_idx),
                dict(SCALE=scale_grad_by_freq, BLOCK_D=plan.block_d, CHUNK=chunk, num_warps=plan.num_warps))
     return grad_weight
 

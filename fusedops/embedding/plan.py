@@ -8,11 +8,12 @@ a power of two, (3) fit the tile in the target's on-chip budget (the Unified Buf
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import torch
 
+from fusedops.plans import dtype_class, forced, on_reload, resolve
 from fusedops.registry import memoize
 from fusedops.targets import Target, size_hint
 
@@ -21,42 +22,23 @@ from fusedops.targets import Target, size_hint
 # and the int64 gather offsets.
 FORWARD_FIXED_BYTES = 8
 BACKWARD_FIXED_BYTES = 16
-# CUDA: bytes one program moves per tile (16 KiB: 8 warps x 32 lanes x 4 16-byte vectors), the
-# longest feature block, and the most masked-off lanes a feature block may waste.
-CUDA_TILE_BYTES = 16 * 1024
-CUDA_MAX_BLOCK_D = 1024
-MAX_WASTE = 1 / 8
-# The backward writes V x D once. Its zero tiles (nearly all of it) wait on one load of run offsets and
-# store; its run items gather. H100 sweep (bench/NOTES.md, embedding v5): 4-row tiles; 4 warps with
-# registers capped at 128 for 1024-wide feature blocks (uncapped, a Zipf batch's hot rows ran 1.8x
-# slower), 2 warps and no cap for shorter blocks (at D = 768 and 1600 the capped 4-warp plan ran 1.7-1.8x
-# slower).
-CUDA_BWD_MAX_BLOCK_D = 1024
-CUDA_BWD_ROWS = 4
-# Narrow rows (D < 128) stack more rows, at least 512 elements a tile, so no program holds a handful.
-CUDA_BWD_MIN_TILE_ELEMENTS = 512
-CUDA_BWD_WARPS = 4
-CUDA_BWD_NARROW_WARPS = 2
-CUDA_BWD_MAX_REGISTERS = 128
-# L2 eviction policy of the backward's once-touched traffic (gradient rows read, grad_weight rows
-# written). H100 fwd+bwd step as a CUDA graph (bench/NOTES.md, embedding run 16): "evict_first" on the
-# narrow plan: D = 1600 -3% uniform / -1.7% Zipf(1.1), D = 768 -1.3% / -10.5%; on the 1024-wide plan it
-# trades -2.3% uniform for +3..+4% Zipf, and language-model batches are Zipf-like, so there it stays "".
-CUDA_BWD_NARROW_EVICT = "evict_first"
+MAX_WASTE = 1 / 8  # the most masked-off lanes a feature block may waste
+# Tile bytes, feature-block caps, rows, warps, register caps, L2 eviction and run chunks come from plans.json
+# (fusedops/plans.py); where each row came from: bench/NOTES.md, "plans as data".
+OP = "embedding"
 
 
 # The backward's run detection: sort keys as narrow as the target's sort is known to take (CUDA: 16-bit
-# keys, which CUB sorts in 2 passes instead of 4; H100, 16K tokens: 27 us vs 41, bench/NOTES.md embedding
-# run 13), and the elements per program of its two small kernels (keys, run offsets).
+# keys, which CUB sorts in 2 passes instead of 4: h100 embedding run 13), and the elements per program of its
+# two small kernels (keys, run offsets).
 NARROW_KEY_VENDORS = ("cuda",)
 RUN_BLOCK = 1024
 OFFSETS_BLOCK = 256
 # The backward sums a run of equal indices CHUNK tokens per program; longer runs (a Zipf batch's frequent
 # tokens: the most frequent of 64K tokens at V = 32000 is named ~9000 times) are split into chunks whose
 # partial sums a second kernel adds up in a fixed order. The interpreter's plans split after 16 tokens so
-# that tests reach the split at their sizes.
+# that tests reach the split at their sizes (the chunk is a row of plans.json).
 RUN_CHUNK = 256
-INTERPRETED_RUN_CHUNK = 16
 # The run offsets' binary search covers up to 2**31 - 1 tokens whatever the size (a dynamic-shape graph
 # serves every batch); its steps longer than the batch cost no loads.
 MAX_LOG_TOKENS = 31
@@ -108,7 +90,7 @@ def _block_d(dim: int, min_d: int, max_d: int) -> int:
     return block
 
 
-@memoize  # asked on every forward and backward (6.9 -> 0.8 us a call on the CI host, bench/NOTES.md embedding run 14)
+@memoize  # asked on every forward and backward (bench/NOTES.md embedding run 14)
 def make_plan(target: Target, rows: int, dim: int, elem_size: int, *, backward: bool, tokens: int = 0) -> Plan:
     """rows: tokens (forward) or vocabulary rows V (backward); dim: D; elem_size: weight bytes;
     tokens (backward): the run items, one row x block_d each, that come before the zero tiles."""
@@ -121,33 +103,38 @@ def make_plan(target: Target, rows: int, dim: int, elem_size: int, *, backward: 
         raise ValueError(f"embedding: an on-chip budget of {target.onchip_bytes} bytes cannot hold one aligned tile row")
     largest = prev_pow2(budget)
     hint = size_hint(rows)  # tile shapes from the (hinted) size; tiles and the grid from the real one
-    cuda = target.vendor == "cuda" and not target.interpreted
-    ascend = target.vendor == "ascend"
+    features = dict(interpreted=target.interpreted, dtype=dtype_class(elem_size), dim=size_hint(dim), rows=hint)
+    row = resolve(OP, "bwd" if backward else "fwd", target, **features)
     max_registers, evict = None, ""
-    if cuda and backward:
-        block_d = _block_d(dim, min_d, min(CUDA_BWD_MAX_BLOCK_D, largest))
-        rows_wanted = max(CUDA_BWD_ROWS, CUDA_BWD_MIN_TILE_ELEMENTS // block_d)
+    if backward and row["rows"]:
+        # a fixed number of rows a tile (at least min_tile_elements elements), as many as fit
+        block_d = _block_d(dim, min_d, min(row["max_block_d"], largest))
+        rows_wanted = max(row["rows"], row["min_tile_elements"] // block_d)
         block_rows = max(1, min(rows_wanted, largest // block_d))
-        if block_d >= CUDA_BWD_MAX_BLOCK_D:
-            num_warps, max_registers = CUDA_BWD_WARPS, CUDA_BWD_MAX_REGISTERS
-        else:
-            num_warps, evict = CUDA_BWD_NARROW_WARPS, CUDA_BWD_NARROW_EVICT
     else:
-        if cuda:
-            wanted = min(largest, max(CUDA_TILE_BYTES // elem_size, 1))
-            block_d = _block_d(dim, min_d, min(CUDA_MAX_BLOCK_D, wanted))
-        else:
-            # Ascend and the interpreter: few, large tiles; the whole row when it fits the budget.
-            wanted = largest
-            block_d = _block_d(dim, min_d, largest // 2 if ascend else largest)
+        tile_bytes = 0 if backward else row["tile_bytes"]
+        wanted = min(largest, max(tile_bytes // elem_size, 1)) if tile_bytes else largest
+        cap = row["max_block_d"]
+        block_d = _block_d(dim, min_d, wanted // 2 if cap == -2 else min(cap, wanted) if cap else wanted)
         block_rows = max(1, min(prev_pow2(max(1, wanted // block_d)), next_pow2(max(hint, 1))))
-        if ascend:
-            # a one-row tile crashes triton-ascend's adapter (fusedops_tests/compile_ascend.py): >= 2 rows
-            block_rows = max(2, block_rows)
-        num_warps = min(8, max(1, block_rows * block_d // 1024))
+        # Ascend: a one-row tile crashes triton-ascend's adapter (fusedops_tests/compile_ascend.py): >= 2 rows
+        block_rows = max(row["min_rows"], block_rows)
+    num_warps = min(8, max(1, block_rows * block_d // 1024))
+    if backward:
+        launch_row = resolve(OP, "bwd_launch", target, block_d=block_d, **features)
+        num_warps = launch_row["num_warps"] or num_warps
+        max_registers, evict = launch_row["max_registers"] or None, launch_row["evict"]
     tiles = -(-torch.sym_max(rows, 1) // block_rows) * -(-max(dim, 1) // block_d)
     if backward:
         tiles += tokens * -(-max(dim, 1) // block_d)
     return Plan(block_rows=block_rows, block_d=block_d, grid=target.grid_size(tiles), num_warps=num_warps,
-                max_registers=max_registers, evict=evict,
-                run_chunk=INTERPRETED_RUN_CHUNK if target.interpreted else RUN_CHUNK)
+                max_registers=max_registers, evict=evict, run_chunk=row["run_chunk"])
+
+
+def forced_plan(plan: Plan, kernel: str) -> Plan:
+    """`plan` with what fusedops.plan_override("embedding", kernel, ...) forces on top (taken as given)."""
+    fields = forced(OP, kernel)
+    return replace(plan, **fields) if fields else plan
+
+
+on_reload(make_plan.cache_clear)

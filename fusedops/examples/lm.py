@@ -217,6 +217,35 @@ class AttnResLM(nn.Module):
         h = self.final_mix(torch.stack(blocks if partial is None else blocks + [partial]))
         return self.final_norm(h) @ self.embed.weight.t()  # head tied to the embedding
 
+    @torch.no_grad()
+    def forward_two_phase(self, tokens: Tensor) -> Tensor:
+        """The same logits computed the way Block AttnRes serves (Kimi's Algorithm 1, issue 37): per block,
+        phase 1 (`fusedops.attn_res_multi`) mixes the completed blocks once for all of the block's sublayers'
+        pseudo-queries (folded with their key-norm gains); then each sublayer after the first merges the
+        running partial sum in with `fusedops.attn_res_merge`, which also adds the previous sublayer's output
+        into that sum and applies the sublayer's pre-norm (its gain and eps). Inference only (no grad)."""
+        t = tokens.shape[1]
+        cos, sin = self.cos[:t], self.sin[:t]
+        blocks = [self.embed(tokens)]
+        subs = list(self.sublayers)
+        for b0 in range(0, len(subs), self.block_sublayers):
+            block = subs[b0:b0 + self.block_sublayers]
+            queries = torch.stack([s.mix.query * s.mix.norm_weight for s in block])
+            out, lse = fusedops.attn_res_multi(blocks, queries, block[0].mix.eps)
+            partial, pending = None, None
+            for l, sub in enumerate(block):
+                norm_eps = sub.norm.eps if sub.norm.eps is not None else torch.finfo(out.dtype).eps
+                if partial is None:  # the block's first sublayer has no partial sum yet: phase 1 alone
+                    h = F.rms_norm(out[0], (out.shape[-1],), sub.norm.weight, norm_eps)
+                else:
+                    h, partial = fusedops.attn_res_merge(out[l], lse[l], partial, queries[l], pending, sub.norm.weight,
+                                                         sub.mix.eps, norm_eps)
+                f = sub.body(h, cos, sin) if sub.kind == "attn" else sub.body(h)
+                partial, pending = (f, None) if partial is None else (partial, f)
+            blocks.append(partial if pending is None else partial + pending)
+        h = self.final_mix(torch.stack(blocks))
+        return self.final_norm(h) @ self.embed.weight.t()
+
 
 # ---- training, export ----------------------------------------------------------------------------------
 
@@ -433,6 +462,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             failures.append(failure)
 
     check(f"exported to {pt2} and reloaded", got, "the reloaded exported program does not match the eager model")
+    check("Block AttnRes two-phase inference (attn_res_multi + attn_res_merge)", model.forward_two_phase(x),
+          "the two-phase Block AttnRes inference path does not match the training-form model")
     if args.aoti:
         package = os.path.join(args.out, "lm_aoti.pt2")
         t0 = time.perf_counter()

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from fusedops.launch import launch
+from fusedops.plans import forced_key, on_reload
 from fusedops.layout import unit_last_stride
 from fusedops.numerics import accumulate_dtype, tf32_allowed
 from fusedops.registry import backward_direct_ok, call_direct, direct_autograd, direct_call_ok, fused_op, memoize
@@ -27,7 +28,7 @@ from fusedops.validation import (
 from . import reference
 from .kernels import LOG2E, na_bwd_dkdv_kernel, na_bwd_dq_kernel, na_bwd_fused_1d_kernel, na_fwd_kernel
 from .plan import grid as plan_grid
-from .plan import make_plan, tiles_override
+from .plan import OP, make_plan
 
 WINDOWS = ("shifted", "truncated")
 MIN_HEAD_DIM, MAX_HEAD_DIM = 8, 256
@@ -136,10 +137,16 @@ def _pad3(values: Sequence, fill) -> list:
     return [fill] * (3 - len(values)) + list(values)
 
 
-def _strides(stride: Sequence[int]) -> list[int]:
-    """(batch, head, axis0, axis1, axis2) of a [B, H, *spatial, D] tensor's strides, missing leading
-    axes as 0."""
-    return [stride[0], stride[1]] + _pad3(list(stride[2:-1]), 0)
+def _strides(name: str, stride: Sequence[int]) -> dict:
+    """The kernels' stride arguments s<name>b, s<name>h, s<name>0..2 of a [B, H, *spatial, D] tensor (batch,
+    head, axis 0..2; missing leading axes as 0)."""
+    values = [stride[0], stride[1]] + _pad3(list(stride[2:-1]), 0)
+    return dict(zip((f"s{name}{axis}" for axis in ("b", "h", "0", "1", "2")), values))
+
+
+def _named(prefix: str, values: Sequence) -> dict:
+    """{prefix0: values[0], prefix1: values[1], ...}"""
+    return {f"{prefix}{i}": v for i, v in enumerate(values)}
 
 
 def reach(kernel: int, stride: int, causal: bool, window: str) -> int:
@@ -163,8 +170,10 @@ class _Geometry:
         self.head_dim, self.head_dim_v = q_shape[-1], v_shape[-1]
         self.halo = reach(self.kernel[2], self.stride[2], bool(self.causal[2]), window) if self.ndim == 1 else None
 
-    def axis_args(self) -> list[int]:
-        return [*self.spatial, *self.kernel, *self.dilation, *self.stride, *self.causal]
+    def axis_args(self) -> dict:
+        """The kernels' per-axis arguments by name: lengths L, kernel K, dilation DL, stride ST, causal C."""
+        return dict(**_named("L", self.spatial), **_named("K", self.kernel), **_named("DL", self.dilation),
+                    **_named("ST", self.stride), **_named("C", self.causal))
 
     def blocks(self, box: Sequence[int]) -> list[int]:
         """Tiles per dilation group on each axis."""
@@ -199,23 +208,23 @@ def _launch_meta(plan) -> dict:
     )
 
 
-# A launch: (grid, the scalar arguments after the tensors, the constexpr/launch keywords). Specs are
-# cached per shape/stride/argument combination and settings (tile overrides, TF32): planning costs more
-# host time than the launch.
+# A launch: (grid, the scalar arguments by name, the constexpr/launch keywords). Specs are cached per
+# shape/stride/argument combination and settings (what fusedops.plan_override forces, TF32): planning costs
+# more host time than the launch.
 Launch = tuple[int, tuple, dict]
 
 
 @memoize
 def _forward_spec(q_shape, q_stride, k_shape, k_stride, v_shape, v_stride, dtype, ks, dil, st, causal, scale,
-                  window, target: Target, tiles_env: str, tf32: bool) -> Optional[Launch]:
+                  window, target: Target, forced: tuple, tf32: bool) -> Optional[Launch]:
     geo = _Geometry(q_shape, k_shape, v_shape, ks, dil, st, causal)
     plan = geo.plan(target, dtype, backward=False, tf32=tf32)
     tiles = geo.tiles(plan.bm, geo.heads)
     if tiles == 0:
         return None
-    args = (*_strides(q_stride), *_strides(k_stride), *_strides(v_stride),
-            geo.heads, geo.heads // geo.kv_heads, geo.head_dim, geo.head_dim_v,
-            *geo.axis_args(), *geo.blocks(plan.bm), tiles, scale * LOG2E)
+    args = dict(**_strides("q", q_stride), **_strides("k", k_stride), **_strides("v", v_stride),
+                H=geo.heads, G=geo.heads // geo.kv_heads, D=geo.head_dim, DV=geo.head_dim_v,
+                **geo.axis_args(), **_named("NB", geo.blocks(plan.bm)), num_tiles=tiles, qk_scale=scale * LOG2E)
     meta = dict(_meta(plan, window, geo.ndim), **_register_cap(plan.fwd_registers))
     return plan_grid(target, tiles), args, meta
 
@@ -230,37 +239,44 @@ def _forward(q, k, v, ks, dil, st, causal, scale, window, target: Target) -> tup
     lse = torch.empty(q.shape[:-1], dtype=accumulate_dtype(q.dtype), device=q.device)
     q, k, v = unit_last_stride(q), unit_last_stride(k), unit_last_stride(v)
     spec = _forward_spec(q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, tuple(ks),
-                         tuple(dil), tuple(st), tuple(causal), scale, window, target, tiles_override(),
+                         tuple(dil), tuple(st), tuple(causal), scale, window, target, forced_key(OP),
                          _tf32(q.dtype))
     if spec is not None:
         grid, args, meta = spec
-        launch(na_fwd_kernel, (grid,), (q, k, v, out, lse), args, meta)
+        launch(na_fwd_kernel, (grid,), dict(q_ptr=q, k_ptr=k, v_ptr=v, o_ptr=out, lse_ptr=lse, **args), meta)
     return out, lse
 
 
 @memoize
 def _backward_spec(q_shape, q_stride, k_shape, k_stride, v_shape, v_stride, go_stride, dtype, ks, dil, st, causal,
-                   scale, window, has_dlse, target: Target, tiles_env: str, tf32: bool) -> tuple[Launch, ...]:
+                   scale, window, has_dlse, target: Target, forced: tuple, tf32: bool) -> tuple[Launch, ...]:
     """The backward's launches: (fused,) for a narrow 1-D window, else (dQ + delta, dK/dV)."""
     geo = _Geometry(q_shape, k_shape, v_shape, ks, dil, st, causal, window)
     plan = geo.plan(target, dtype, backward=True, tf32=tf32)
     if plan.fused:
         return (_fused_spec(geo, plan, q_stride, k_stride, v_stride, go_stride, scale, window, has_dlse, target),)
     meta = _meta(plan, window, geo.ndim)
-    strides = (*_strides(q_stride), *_strides(k_stride), *_strides(v_stride), *_strides(go_stride))
+    strides = dict(**_strides("q", q_stride), **_strides("k", k_stride), **_strides("v", v_stride),
+                   **_strides("d", go_stride))
     q_tiles = geo.tiles(plan.bm, geo.heads)
     dq = (plan_grid(target, q_tiles),
-          (*strides, geo.heads, geo.heads // geo.kv_heads, geo.head_dim, geo.head_dim_v,
-           *geo.axis_args(), *geo.blocks(plan.bm), q_tiles, scale * LOG2E, scale),
+          dict(strides, H=geo.heads, G=geo.heads // geo.kv_heads, D=geo.head_dim, DV=geo.head_dim_v,
+               **geo.axis_args(), **_named("NB", geo.blocks(plan.bm)), num_tiles=q_tiles, qk_scale=scale * LOG2E,
+               scale=scale),
           dict(meta, HAS_DLSE=has_dlse, **_register_cap(plan.dq_registers)))
     dk_plan = plan.dkdv or plan
     k_tiles = geo.tiles(dk_plan.bn, geo.kv_heads)
     dkdv = (plan_grid(target, k_tiles),
-            (*strides, geo.heads, geo.kv_heads, geo.heads // geo.kv_heads, geo.head_dim, geo.head_dim_v,
-             *geo.axis_args(), *geo.blocks(dk_plan.bn), k_tiles, scale * LOG2E, scale),
+            dict(strides, H=geo.heads, HKV=geo.kv_heads, G=geo.heads // geo.kv_heads, D=geo.head_dim,
+                 DV=geo.head_dim_v, **geo.axis_args(), **_named("NN", geo.blocks(dk_plan.bn)), num_tiles=k_tiles,
+                 qk_scale=scale * LOG2E, scale=scale),
             dict(_meta(dk_plan, window, geo.ndim), DK_BY_KEYS=dk_plan.dk_by_keys, WALK_TESTS=dk_plan.walk_tests,
                  **_register_cap(dk_plan.dkdv_registers)))
     return dq, dkdv
+
+
+on_reload(_forward_spec.cache_clear)
+on_reload(_backward_spec.cache_clear)
 
 
 def _register_cap(registers: int | None) -> dict:
@@ -271,15 +287,16 @@ def _fused_spec(geo, plan, q_stride, k_stride, v_stride, go_stride, scale, windo
     block = plan.bm[2]
     own = block - 2 * geo.halo
     if own < 1:
-        raise ValueError(f"FUSEDOPS_NA_BWD_TILES: a fused block of {block} rows leaves none to own with a window "
+        raise ValueError(f"plan_override: a fused block of {block} rows leaves none to own with a window "
                          f"reach of {geo.halo}")
     box = (1, 1, own)
     tiles = geo.tiles(box, geo.kv_heads)
-    strides = [x for st in (q_stride, k_stride, v_stride, go_stride) for x in (st[0], st[1], st[2])]
-    args = (*strides, geo.heads, geo.kv_heads, geo.heads // geo.kv_heads, geo.head_dim, geo.head_dim_v,
-            geo.spatial[2], geo.kernel[2], geo.dilation[2], geo.stride[2], geo.causal[2], geo.halo, own,
-            geo.blocks(box)[2], tiles,
-            scale * LOG2E, scale)
+    strides = {f"s{name}{axis}": st[i] for name, st in (("q", q_stride), ("k", k_stride), ("v", v_stride),
+                                                        ("d", go_stride)) for i, axis in enumerate(("b", "h", ""))}
+    args = dict(strides, H=geo.heads, HKV=geo.kv_heads, G=geo.heads // geo.kv_heads, D=geo.head_dim,
+                DV=geo.head_dim_v, L=geo.spatial[2], K=geo.kernel[2], DL=geo.dilation[2], ST=geo.stride[2],
+                CAUSAL=geo.causal[2], HALO=geo.halo, OWN=own, NB=geo.blocks(box)[2], num_tiles=tiles,
+                qk_scale=scale * LOG2E, scale=scale)
     meta = dict(TRUNCATED=window == "truncated", BLOCK=block, HAS_DLSE=has_dlse, **_launch_meta(plan))
     return plan_grid(target, tiles), args, meta
 
@@ -297,17 +314,20 @@ def _backward(grad_out, grad_lse, q, k, v, out, lse, ks, dil, st, causal, scale,
     dlse = grad_lse.contiguous() if has_dlse else lse
     launches = _backward_spec(
         q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), grad_out.stride(), q.dtype, tuple(ks),
-        tuple(dil), tuple(st), tuple(causal), scale, window, has_dlse, target, tiles_override(), _tf32(q.dtype),
+        tuple(dil), tuple(st), tuple(causal), scale, window, has_dlse, target, forced_key(OP), _tf32(q.dtype),
     )
     if len(launches) == 1:
         (grid, args, meta), = launches
-        launch(na_bwd_fused_1d_kernel, (grid,), (q, k, v, grad_out, out, lse, dlse, dq, dk, dv), args, meta)
+        launch(na_bwd_fused_1d_kernel, (grid,), dict(q_ptr=q, k_ptr=k, v_ptr=v, do_ptr=grad_out, o_ptr=out, lse_ptr=lse,
+                                                      dlse_ptr=dlse, dq_ptr=dq, dk_ptr=dk, dv_ptr=dv, **args), meta)
         return dq, dk, dv
     (grid, args, meta), (dkdv_grid, dkdv_args, dkdv_meta) = launches
     delta = torch.empty(lse.shape, dtype=lse.dtype, device=q.device)
     # dQ first: it also computes delta = rowsum(dO * O) - dLSE, which the dK/dV kernel reads.
-    launch(na_bwd_dq_kernel, (grid,), (q, k, v, grad_out, out, lse, dlse, delta, dq), args, meta)
-    launch(na_bwd_dkdv_kernel, (dkdv_grid,), (q, k, v, grad_out, lse, delta, dk, dv), dkdv_args, dkdv_meta)
+    launch(na_bwd_dq_kernel, (grid,), dict(q_ptr=q, k_ptr=k, v_ptr=v, do_ptr=grad_out, o_ptr=out, lse_ptr=lse,
+                                           dlse_ptr=dlse, delta_ptr=delta, dq_ptr=dq, **args), meta)
+    launch(na_bwd_dkdv_kernel, (dkdv_grid,), dict(q_ptr=q, k_ptr=k, v_ptr=v, do_ptr=grad_out, lse_ptr=lse,
+                                                  delta_ptr=delta, dk_ptr=dk, dv_ptr=dv, **dkdv_args), dkdv_meta)
     return dq, dk, dv
 
 

@@ -1,0 +1,350 @@
+"""Triton kernels of Block AttnRes: attn_res_multi (phase 1, M queries over N sources) and attn_res_merge
+(phase 2, one more source merged by its logsumexp), forward and backward. One source for the CUDA and the
+Ascend plans.
+
+Sources are addressed as in fusedops.attn_res (up to three strided batch dims S0 x S1 x S2 with strides
+ST0..ST2, depth step STRIDE_N), so a token-major bank view `bank[:, :n].movedim(1, 0)` is read in place.
+Every kernel computes in ACC: float32, or float64 for float64 inputs (F64). No atomics: query/gain
+gradients are per-program partial rows, summed in a fixed order afterwards.
+"""
+
+import triton
+import triton.language as tl
+
+from fusedops.attn_res.kernels import _finite_or_zero, _token_rows
+from fusedops.tl_masks import mask_if
+
+
+@triton.jit
+def _column(x, n, i):
+    """Column i of x [BLOCK_M, BLOCK_N] as [BLOCK_M] (n: the column indices)."""
+    return tl.sum(tl.where((n == i)[None, :], x, 0.0), axis=1)
+
+
+@triton.jit
+def _multi_stats(v_ptr, q_ptr, g_ptr, row, t, M, N, D, T, QS, STRIDE_N, OUT_STEP, m, m_mask, n,
+                 HAS_G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                 ACC: tl.constexpr):
+    """One pass over a token's N rows (all of D): (sum of squares [BLOCK_N], <q_l, v_i> [BLOCK_M, BLOCK_N],
+    <g_l, v_i> [BLOCK_M, BLOCK_N] (zeros without HAS_G))."""
+    sq = tl.zeros([BLOCK_N], ACC)
+    dot = tl.zeros([BLOCK_M, BLOCK_N], ACC)
+    gv = tl.zeros([BLOCK_M, BLOCK_N], ACC)
+    for d0 in range(0, D, BLOCK_D):
+        d = d0 + tl.arange(0, BLOCK_D)
+        d_mask = d < D
+        md_mask = m_mask[:, None] & d_mask[None, :]
+        q = tl.load(q_ptr + m[:, None] * QS + d[None, :], mask=md_mask, other=0.0).to(ACC)
+        if HAS_G:
+            g = tl.load(g_ptr + m.to(tl.int64)[:, None] * OUT_STEP + t * D + d[None, :], mask=md_mask,
+                        other=0.0).to(ACC)
+        src = v_ptr + row
+        for i in range(N):
+            x = tl.load(src + d, mask=d_mask, other=0.0).to(ACC)
+            sel = n == i
+            sq += tl.where(sel, tl.sum(x * x, axis=0), 0.0)
+            dot += tl.where(sel[None, :], tl.sum(q * x[None, :], axis=1)[:, None], 0.0)
+            if HAS_G:
+                gv += tl.where(sel[None, :], tl.sum(g * x[None, :], axis=1)[:, None], 0.0)
+            src += STRIDE_N
+    return sq, dot, gv
+
+
+@triton.jit
+def _multi_softmax(sq, dot, n_mask, D, eps):
+    """(alpha [BLOCK_M, BLOCK_N], lse [BLOCK_M], logits, rstd [BLOCK_N]) of the softmax over depth."""
+    rstd = tl.rsqrt(sq / D + eps)
+    logits = dot * rstd[None, :]
+    s = tl.where(n_mask[None, :], logits, float("-inf"))
+    mx = tl.max(s, axis=1)
+    p = tl.exp(s - _finite_or_zero(mx)[:, None])
+    denom = tl.sum(p, axis=1)
+    return p / denom[:, None], mx + tl.log(denom), logits, rstd
+
+
+@triton.jit
+def attn_res_multi_fwd_kernel(
+    v_ptr, q_ptr, out_ptr, lse_ptr,
+    N, M, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, QS, OUT_STEP, D_CHUNK, eps,
+    SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, F64: tl.constexpr,
+):
+    """out[l, t] = sum_i softmax_i(rstd_i <q_l, v_i[t]>) v_i[t] and lse[l, t] for every query l at once.
+
+    Program pid is split pid % SPLITS of token program pid // SPLITS, which takes tokens p, p + programs, ...
+    Pass 1 reads the token's N rows over all of D and gets every (l, i) logit; pass 2 re-reads its split's
+    D_CHUNK features of the rows (from cache: just read) and writes the M output rows there. SPLITS > 1
+    spreads one token over several programs (decode), each re-deriving the logits: no cross-program sync.
+    out is [M, T, D] contiguous (OUT_STEP = T * D), lse [M, T]."""
+    ACC = tl.float64 if F64 else tl.float32
+    eps = tl.cast(eps, ACC)  # Inductor passes Python floats as fp64
+    pid = tl.program_id(0)
+    split = pid % SPLITS
+    programs = tl.num_programs(0) // SPLITS
+    m = tl.arange(0, BLOCK_M)
+    m_mask = m < M
+    n = tl.arange(0, BLOCK_N)
+    n_mask = n < N
+    d_lo = split * D_CHUNK
+    d_hi = tl.minimum(d_lo + D_CHUNK, D)
+    for token in range(pid // SPLITS, T, programs):
+        t = tl.cast(token, tl.int64)
+        row = _token_rows(t, S1, S2, ST0, ST1, ST2)
+        sq, dot, _ = _multi_stats(v_ptr, q_ptr, q_ptr, row, t, M, N, D, T, QS, STRIDE_N, OUT_STEP, m, m_mask, n,
+                                  False, BLOCK_M, BLOCK_N, BLOCK_D, ACC)
+        alpha, lse, _, _ = _multi_softmax(sq, dot, n_mask, D, eps)
+        tl.store(lse_ptr + m * T + t, lse, mask=mask_if(split == 0, m_mask))
+        for d0 in range(d_lo, d_hi, BLOCK_D):
+            d = d0 + tl.arange(0, BLOCK_D)
+            d_mask = d < d_hi
+            acc = tl.zeros([BLOCK_M, BLOCK_D], ACC)
+            src = v_ptr + row
+            for i in range(N):
+                x = tl.load(src + d, mask=d_mask, other=0.0).to(ACC)
+                acc += _column(alpha, n, i)[:, None] * x[None, :]
+                src += STRIDE_N
+            tl.store(out_ptr + m.to(tl.int64)[:, None] * OUT_STEP + t * D + d[None, :],
+                     acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+
+
+@triton.jit
+def attn_res_multi_bwd_kernel(
+    g_ptr, glse_ptr, v_ptr, q_ptr, dv_ptr, partial_ptr,
+    N, M, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, QS, OUT_STEP, DV_STEP, eps,
+    HAS_G: tl.constexpr, HAS_DLSE: tl.constexpr, NEED_DV: tl.constexpr, NEED_DQ: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, F64: tl.constexpr,
+):
+    """Gradients of attn_res_multi for a persistent program's tokens pid, pid + grid, ...
+
+    Pass 1 re-derives the softmax and <g_l, v_i> from the rows (exact in ACC: neither out nor lse is read);
+    ds_{l,i} = alpha_{l,i} (<g_l, v_i> - sum_j alpha_{l,j} <g_l, v_j> + g_lse_l). Pass 2 writes
+      dv_i = sum_l alpha_{l,i} g_l + coef_{l,i} q_l - (sum_l coef_{l,i} k_{l,i}) v_i,
+    coef = ds rstd, k = s rstd / D, and adds coef_{l,i} v_i into this program's [M, D] row of
+    `partial_ptr` ([grid, M, D] ACC, zeros on entry; read-modified-written by its owner only)."""
+    ACC = tl.float64 if F64 else tl.float32
+    eps = tl.cast(eps, ACC)  # Inductor passes Python floats as fp64
+    pid = tl.program_id(0)
+    m = tl.arange(0, BLOCK_M)
+    m_mask = m < M
+    n = tl.arange(0, BLOCK_N)
+    n_mask = n < N
+    part = partial_ptr + pid.to(tl.int64) * M * D + m[:, None] * D
+    for token in range(pid, T, tl.num_programs(0)):
+        t = tl.cast(token, tl.int64)
+        row = _token_rows(t, S1, S2, ST0, ST1, ST2)
+        sq, dot, gv = _multi_stats(v_ptr, q_ptr, g_ptr, row, t, M, N, D, T, QS, STRIDE_N, OUT_STEP, m, m_mask, n,
+                                   HAS_G, BLOCK_M, BLOCK_N, BLOCK_D, ACC)
+        alpha, _, logits, rstd = _multi_softmax(sq, dot, n_mask, D, eps)
+        alpha = tl.where(m_mask[:, None] & n_mask[None, :], alpha, 0.0)
+        g_out = tl.sum(alpha * gv, axis=1)
+        if HAS_DLSE:
+            g_out -= tl.load(glse_ptr + m * T + t, mask=m_mask, other=0.0).to(ACC)
+        coef = alpha * (gv - g_out[:, None]) * rstd[None, :]
+        coef = tl.where(m_mask[:, None] & n_mask[None, :], coef, 0.0)
+        ck = tl.sum(coef * logits * rstd[None, :], axis=0) / D  # [BLOCK_N]
+        for d0 in range(0, D, BLOCK_D):
+            d = d0 + tl.arange(0, BLOCK_D)
+            d_mask = d < D
+            md_mask = m_mask[:, None] & d_mask[None, :]
+            q = tl.load(q_ptr + m[:, None] * QS + d[None, :], mask=md_mask, other=0.0).to(ACC)
+            if HAS_G:
+                g = tl.load(g_ptr + m.to(tl.int64)[:, None] * OUT_STEP + t * D + d[None, :], mask=md_mask,
+                            other=0.0).to(ACC)
+            du = tl.zeros([BLOCK_M, BLOCK_D], ACC)
+            src = v_ptr + row
+            dst = dv_ptr + t * D + d
+            for i in range(N):
+                x = tl.load(src + d, mask=d_mask, other=0.0).to(ACC)
+                c = _column(coef, n, i)
+                if NEED_DV:
+                    dx = tl.sum(c[:, None] * q, axis=0) - tl.sum(tl.where(n == i, ck, 0.0), axis=0) * x
+                    if HAS_G:
+                        dx += tl.sum(_column(alpha, n, i)[:, None] * g, axis=0)
+                    tl.store(dst, dx.to(dv_ptr.dtype.element_ty), mask=d_mask)
+                if NEED_DQ:
+                    du += c[:, None] * x[None, :]
+                src += STRIDE_N
+                dst += DV_STEP
+            if NEED_DQ:
+                at = part + d[None, :]
+                tl.store(at, tl.load(at, mask=md_mask, other=0.0) + du, mask=md_mask)
+
+
+@triton.jit
+def _merged_tile(p_ptr, a1_ptr, a2_ptr, t, d, mask, P_ST, A1_ST, A2_ST, NUM_ADD: tl.constexpr, ACC: tl.constexpr):
+    """(p + a1 + a2) of rows t, features d, summed in ACC and rounded once to p's dtype, then as ACC."""
+    x = tl.load(p_ptr + t[:, None] * P_ST + d[None, :], mask=mask, other=0.0).to(ACC)
+    if NUM_ADD >= 1:
+        x += tl.load(a1_ptr + t[:, None] * A1_ST + d[None, :], mask=mask, other=0.0).to(ACC)
+    if NUM_ADD >= 2:
+        x += tl.load(a2_ptr + t[:, None] * A2_ST + d[None, :], mask=mask, other=0.0).to(ACC)
+    if NUM_ADD >= 1:
+        x = x.to(p_ptr.dtype.element_ty).to(ACC)
+    return x
+
+
+@triton.jit
+def _merge_weights(lse, s):
+    """(w_out, w_partial): the softmax over the two logits (lse, s), per token."""
+    ref = _finite_or_zero(tl.maximum(lse, s))
+    e_o = tl.exp(lse - ref)
+    e_p = tl.exp(s - ref)
+    denom = e_o + e_p
+    return e_o / denom, e_p / denom
+
+
+@triton.jit
+def attn_res_merge_fwd_kernel(
+    o_ptr, lse_ptr, p_ptr, a1_ptr, a2_ptr, q_ptr, gain_ptr, y_ptr, pn_ptr,
+    T, D, O_ST, P_ST, A1_ST, A2_ST, PN_ST, eps, norm_eps,
+    NUM_ADD: tl.constexpr, STORE_P: tl.constexpr, HAS_GAIN: tl.constexpr, BLOCK_T: tl.constexpr,
+    BLOCK_D: tl.constexpr, F64: tl.constexpr,
+):
+    """Phase 2 of Block AttnRes for BLOCK_T tokens per step of a persistent program:
+      P = p + a1 + a2 (rounded once to p's dtype; with STORE_P written to pn, rows PN_ST apart: a new tensor
+      or a slot of the caller's bank),
+      s = rstd(P) <q, P>,  h = w_o out + w_p P  with (w_o, w_p) = softmax(lse, s),
+      y = h, or with HAS_GAIN rmsnorm(h, norm_eps) * gain.
+    Rows of o, p, a1, a2 are O_ST.. elements apart (a bank slot is read in place); y is [T, D] contiguous.
+    Pass 1 gets s (and writes P), pass 2 (HAS_GAIN) the norm of h, the last pass writes y; each later pass
+    re-reads the tiles the first one just read (so pn must not overlap the inputs)."""
+    ACC = tl.float64 if F64 else tl.float32
+    eps = tl.cast(eps, ACC)
+    norm_eps = tl.cast(norm_eps, ACC)
+    pid = tl.program_id(0)
+    for block in range(pid, tl.cdiv(T, BLOCK_T), tl.num_programs(0)):
+        t = block * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)
+        t_mask = t < T
+        sq = tl.zeros([BLOCK_T], ACC)
+        dot = tl.zeros([BLOCK_T], ACC)
+        for d0 in range(0, D, BLOCK_D):
+            d = d0 + tl.arange(0, BLOCK_D)
+            d_mask = d < D
+            mask = t_mask[:, None] & d_mask[None, :]
+            x = _merged_tile(p_ptr, a1_ptr, a2_ptr, t, d, mask, P_ST, A1_ST, A2_ST, NUM_ADD, ACC)
+            if STORE_P:
+                tl.store(pn_ptr + t[:, None] * PN_ST + d[None, :], x.to(pn_ptr.dtype.element_ty), mask=mask)
+            q = tl.load(q_ptr + d, mask=d_mask, other=0.0).to(ACC)
+            sq += tl.sum(x * x, axis=1)
+            dot += tl.sum(x * q[None, :], axis=1)
+        s = dot * tl.rsqrt(sq / D + eps)
+        lse = tl.load(lse_ptr + t, mask=t_mask, other=0.0).to(ACC)
+        w_o, w_p = _merge_weights(lse, s)
+        r = tl.zeros([BLOCK_T], ACC) + 1.0
+        if HAS_GAIN:
+            hsq = tl.zeros([BLOCK_T], ACC)
+            for d0 in range(0, D, BLOCK_D):
+                d = d0 + tl.arange(0, BLOCK_D)
+                mask = t_mask[:, None] & (d < D)[None, :]
+                x = _merged_tile(p_ptr, a1_ptr, a2_ptr, t, d, mask, P_ST, A1_ST, A2_ST, NUM_ADD, ACC)
+                o = tl.load(o_ptr + t[:, None] * O_ST + d[None, :], mask=mask, other=0.0).to(ACC)
+                h = w_o[:, None] * o + w_p[:, None] * x
+                hsq += tl.sum(h * h, axis=1)
+            r = tl.rsqrt(hsq / D + norm_eps)
+        for d0 in range(0, D, BLOCK_D):
+            d = d0 + tl.arange(0, BLOCK_D)
+            d_mask = d < D
+            mask = t_mask[:, None] & d_mask[None, :]
+            x = _merged_tile(p_ptr, a1_ptr, a2_ptr, t, d, mask, P_ST, A1_ST, A2_ST, NUM_ADD, ACC)
+            o = tl.load(o_ptr + t[:, None] * O_ST + d[None, :], mask=mask, other=0.0).to(ACC)
+            h = w_o[:, None] * o + w_p[:, None] * x
+            if HAS_GAIN:
+                h = h * r[:, None] * tl.load(gain_ptr + d, mask=d_mask, other=0.0).to(ACC)[None, :]
+            tl.store(y_ptr + t[:, None] * D + d[None, :], h.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def attn_res_merge_bwd_kernel(
+    gy_ptr, gp_ptr, o_ptr, lse_ptr, p_ptr, q_ptr, gain_ptr, do_ptr, dlse_ptr, dp_ptr, dq_part_ptr, dg_part_ptr,
+    T, D, O_ST, P_ST, eps, norm_eps,
+    HAS_GP: tl.constexpr, HAS_GAIN: tl.constexpr, NEED_DO: tl.constexpr, NEED_DP: tl.constexpr,
+    NEED_DQ: tl.constexpr, NEED_DG: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, F64: tl.constexpr,
+):
+    """Gradients of attn_res_merge (p_ptr: the merged partial sum P the forward used):
+      dh = gy, or with HAS_GAIN r gain gy - h r^3 <gain gy, h> / D,
+      ds = w_o w_p <dh, P - o>,  dlse = -ds,  do = w_o dh,
+      dP = w_p dh + ds rstd(P) (q - s rstd(P) P / D) + gp,
+    and this program's rows of the query and gain gradients' partial sums (dq_part, dg_part: [grid, D] ACC,
+    zeros on entry): ds rstd(P) P and gy h r summed over its tokens. do, dlse and dP are contiguous."""
+    ACC = tl.float64 if F64 else tl.float32
+    eps = tl.cast(eps, ACC)
+    norm_eps = tl.cast(norm_eps, ACC)
+    pid = tl.program_id(0)
+    for block in range(pid, tl.cdiv(T, BLOCK_T), tl.num_programs(0)):
+        t = block * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)
+        t_mask = t < T
+        sq = tl.zeros([BLOCK_T], ACC)
+        dot = tl.zeros([BLOCK_T], ACC)
+        for d0 in range(0, D, BLOCK_D):
+            d = d0 + tl.arange(0, BLOCK_D)
+            d_mask = d < D
+            mask = t_mask[:, None] & d_mask[None, :]
+            x = tl.load(p_ptr + t[:, None] * P_ST + d[None, :], mask=mask, other=0.0).to(ACC)
+            q = tl.load(q_ptr + d, mask=d_mask, other=0.0).to(ACC)
+            sq += tl.sum(x * x, axis=1)
+            dot += tl.sum(x * q[None, :], axis=1)
+        rp = tl.rsqrt(sq / D + eps)
+        s = dot * rp
+        lse = tl.load(lse_ptr + t, mask=t_mask, other=0.0).to(ACC)
+        w_o, w_p = _merge_weights(lse, s)
+        r = tl.zeros([BLOCK_T], ACC)
+        c = tl.zeros([BLOCK_T], ACC)
+        if HAS_GAIN:
+            hsq = tl.zeros([BLOCK_T], ACC)
+            for d0 in range(0, D, BLOCK_D):
+                d = d0 + tl.arange(0, BLOCK_D)
+                d_mask = d < D
+                mask = t_mask[:, None] & d_mask[None, :]
+                x = tl.load(p_ptr + t[:, None] * P_ST + d[None, :], mask=mask, other=0.0).to(ACC)
+                o = tl.load(o_ptr + t[:, None] * O_ST + d[None, :], mask=mask, other=0.0).to(ACC)
+                gy = tl.load(gy_ptr + t[:, None] * D + d[None, :], mask=mask, other=0.0).to(ACC)
+                gain = tl.load(gain_ptr + d, mask=d_mask, other=0.0).to(ACC)
+                h = w_o[:, None] * o + w_p[:, None] * x
+                hsq += tl.sum(h * h, axis=1)
+                c += tl.sum(gain[None, :] * gy * h, axis=1)
+            r = tl.rsqrt(hsq / D + norm_eps)
+        # <dh, P - o>, and the gain gradient's partial sums
+        dw = tl.zeros([BLOCK_T], ACC)
+        for d0 in range(0, D, BLOCK_D):
+            d = d0 + tl.arange(0, BLOCK_D)
+            d_mask = d < D
+            mask = t_mask[:, None] & d_mask[None, :]
+            x = tl.load(p_ptr + t[:, None] * P_ST + d[None, :], mask=mask, other=0.0).to(ACC)
+            o = tl.load(o_ptr + t[:, None] * O_ST + d[None, :], mask=mask, other=0.0).to(ACC)
+            gy = tl.load(gy_ptr + t[:, None] * D + d[None, :], mask=mask, other=0.0).to(ACC)
+            dh = gy
+            if HAS_GAIN:
+                gain = tl.load(gain_ptr + d, mask=d_mask, other=0.0).to(ACC)
+                h = w_o[:, None] * o + w_p[:, None] * x
+                dh = r[:, None] * gain[None, :] * gy - h * (r * r * r * c / D)[:, None]
+                if NEED_DG:
+                    at = dg_part_ptr + pid * D + d
+                    tl.store(at, tl.load(at, mask=d_mask, other=0.0) + tl.sum(gy * h * r[:, None], axis=0),
+                             mask=d_mask)
+            dw += tl.sum(dh * (x - o), axis=1)
+        ds = w_o * w_p * dw
+        tl.store(dlse_ptr + t, (-ds).to(dlse_ptr.dtype.element_ty), mask=t_mask)
+        for d0 in range(0, D, BLOCK_D):
+            d = d0 + tl.arange(0, BLOCK_D)
+            d_mask = d < D
+            mask = t_mask[:, None] & d_mask[None, :]
+            io = t[:, None] * D + d[None, :]
+            x = tl.load(p_ptr + t[:, None] * P_ST + d[None, :], mask=mask, other=0.0).to(ACC)
+            o = tl.load(o_ptr + t[:, None] * O_ST + d[None, :], mask=mask, other=0.0).to(ACC)
+            gy = tl.load(gy_ptr + io, mask=mask, other=0.0).to(ACC)
+            dh = gy
+            if HAS_GAIN:
+                gain = tl.load(gain_ptr + d, mask=d_mask, other=0.0).to(ACC)
+                h = w_o[:, None] * o + w_p[:, None] * x
+                dh = r[:, None] * gain[None, :] * gy - h * (r * r * r * c / D)[:, None]
+            if NEED_DO:
+                tl.store(do_ptr + io, (w_o[:, None] * dh).to(do_ptr.dtype.element_ty), mask=mask)
+            if NEED_DP:
+                q = tl.load(q_ptr + d, mask=d_mask, other=0.0).to(ACC)
+                dp = w_p[:, None] * dh + (ds * rp)[:, None] * (q[None, :] - (s * rp / D)[:, None] * x)
+                if HAS_GP:
+                    dp += tl.load(gp_ptr + io, mask=mask, other=0.0).to(ACC)
+                tl.store(dp_ptr + io, dp.to(dp_ptr.dtype.element_ty), mask=mask)
+            if NEED_DQ:
+                at = dq_part_ptr + pid * D + d
+                tl.store(at, tl.load(at, mask=d_mask, other=0.0) + tl.sum((ds * rp)[:, None] * x, axis=0),
+                         mask=d_mask)

@@ -1,0 +1,123 @@
+"""Launch plans of Block AttnRes's kernels: tile sizes, D splits and grids from a hardware Target and the
+problem shape. Untuned: the numbers below are first guesses from the on-chip budgets (no GPU sweep yet, see
+fusedops/bench/block_attn_res.py for the shapes to tune on)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fusedops.registry import memoize
+from fusedops.targets import Target, size_hint
+
+# attn_res_multi keeps [BLOCK_M, BLOCK_D] tiles on chip: the queries and the output accumulator in the
+# forward; queries, grad_out and the query-gradient tile in the backward (ACC bytes each).
+MULTI_FWD_TILES = 2
+MULTI_BWD_TILES = 3
+# The merge keeps BLOCK_T x BLOCK_D tiles of p, the addends, out and h (forward), and of P, out, grad_h, dh
+# and the gradients (backward), in ACC bytes each.
+MERGE_FWD_TILES = 5
+MERGE_BWD_TILES = 7
+# Largest CUDA tiles (elements) until a GPU sweep says otherwise: registers, not the budget, bound them.
+# sm_90 compiles (fusedops_tests/compile_sm90.py-style, no GPU run): 4 warps on 8K-element tiles use 255
+# registers, and the multi backward's three [BLOCK_M, BLOCK_D] tiles spill; so warps grow with the tile
+# (CUDA_ELEMENTS_PER_WARP elements per warp, up to 16) and the multi backward's tile is capped at 4K.
+CUDA_MULTI_TILE_ELEMENTS = 8192
+CUDA_MULTI_BWD_TILE_ELEMENTS = 4096
+CUDA_MERGE_TILE_ELEMENTS = 8192
+CUDA_NUM_WARPS = 4
+CUDA_MAX_WARPS = 16
+CUDA_ELEMENTS_PER_WARP = 1024
+
+
+def cuda_warps(tile_elements: int) -> int:
+    return max(CUDA_NUM_WARPS, min(CUDA_MAX_WARPS, tile_elements // CUDA_ELEMENTS_PER_WARP))
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def prev_pow2(n: int) -> int:
+    return 1 << (max(1, n).bit_length() - 1)
+
+
+@dataclass(frozen=True)
+class MultiPlan:
+    block_m: int  # >= M queries on chip at once
+    block_n: int  # >= N sources (the logits of a token are a [block_m, block_n] tile)
+    block_d: int  # features per tile
+    splits: int  # programs sharing one token (each writes D_CHUNK features): decode
+    d_chunk: int  # features per split, a multiple of block_d
+    grid: int  # programs launched: token programs x splits
+    num_warps: int = CUDA_NUM_WARPS
+
+
+@memoize
+def multi_plan(target: Target, tokens: int, sources: int, queries: int, dim: int, elem_size: int, *,
+               backward: bool = False) -> MultiPlan:
+    """One token per program step. The forward splits D across programs when there are fewer tokens than
+    programs that run at once (decode: 1-512 tokens), so that one token's output rows are written by many
+    programs; each re-derives the token's logits from all of D (a re-read from L2), the price of needing no
+    cross-program reduction. The backward is persistent, one program per core (its query-gradient partial rows
+    are [grid, M, D])."""
+    acc = 8 if elem_size == 8 else 4
+    block_m = next_pow2(queries)
+    block_n = next_pow2(sources)
+    tiles = MULTI_BWD_TILES if backward else MULTI_FWD_TILES
+    budget = max(1, target.onchip_bytes // (tiles * acc * block_m))
+    min_row = max(1, target.row_align // elem_size)
+    largest = max(prev_pow2(budget), min_row)
+    cuda = target.vendor == "cuda" and not target.interpreted
+    if cuda:
+        elements = CUDA_MULTI_BWD_TILE_ELEMENTS if backward else CUDA_MULTI_TILE_ELEMENTS
+        largest = max(min_row, min(largest, prev_pow2(max(1, elements // block_m))))
+    block_d = max(min(next_pow2(dim), largest), min_row)
+    warps = cuda_warps(block_m * block_d * (2 if backward else 1)) if cuda else CUDA_NUM_WARPS
+    d_tiles = -(-dim // block_d)
+    slots = target.vector_cores * target.resident
+    if backward:
+        # One program per core, not per resident slot: each owns a [M, D] ACC row of query-gradient partial
+        # sums (M = 24, D = 7168 on 132 SMs: 91 MB), which a GPU sweep may want to shrink further.
+        grid = torch.sym_min(target.grid_size(tokens, persistent=True), target.vector_cores)
+        return MultiPlan(block_m, block_n, block_d, 1, d_tiles * block_d, grid, warps)
+    hint = max(1, size_hint(tokens))
+    splits = max(1, min(d_tiles, slots // hint)) if hint < slots else 1
+    per_split = -(-d_tiles // splits)
+    splits = -(-d_tiles // per_split)  # no empty split
+    token_programs = target.grid_size(tokens, persistent=True) if target.persistent else torch.sym_min(
+        torch.sym_max(tokens, 1), max(1, target.max_grid // splits))
+    return MultiPlan(block_m, block_n, block_d, splits, per_split * block_d, token_programs * splits, warps)
+
+
+@dataclass(frozen=True)
+class MergePlan:
+    block_t: int
+    block_d: int
+    grid: int
+    num_warps: int = CUDA_NUM_WARPS
+
+
+@memoize
+def merge_plan(target: Target, tokens: int, dim: int, elem_size: int, *, backward: bool = False) -> MergePlan:
+    """Token blocks of BLOCK_T rows and D tiles of BLOCK_D (a whole row where it fits, else the passes re-read
+    the row's tiles). Persistent (a program's query/gain-gradient partial rows are [grid, D]); the forward
+    has no D split, so a 1-token decode step is one program."""
+    acc = 8 if elem_size == 8 else 4
+    tiles = MERGE_BWD_TILES if backward else MERGE_FWD_TILES
+    budget = max(1, target.onchip_bytes // (tiles * acc))
+    min_row = max(1, target.row_align // elem_size)
+    largest = max(prev_pow2(budget), min_row)
+    if target.vendor == "cuda" and not target.interpreted:
+        largest = max(min_row, min(largest, CUDA_MERGE_TILE_ELEMENTS))
+    block_d = max(min(next_pow2(dim), largest), min_row)
+    hint = max(1, size_hint(tokens))
+    block_t = max(1, min(prev_pow2(max(1, largest // block_d)), next_pow2(hint)))
+    if not target.interpreted:
+        slots = target.vector_cores * target.resident
+        block_t = max(1, min(block_t, prev_pow2(max(1, hint // slots))))
+    blocks = -(-tokens // block_t)
+    grid = target.grid_size(blocks, persistent=True)
+    cuda = target.vendor == "cuda" and not target.interpreted
+    return MergePlan(block_t, block_d, grid, cuda_warps(block_t * block_d) if cuda else CUDA_NUM_WARPS)

@@ -1,0 +1,381 @@
+"""Launch plans as data (fusedops/plans.py and the ops' plans.json): the resolver, forced configurations, and the
+plans of the benchmark and test shapes pinned (fusedops_tests/plan_pins.json, written from the hand-written
+planners that the tables replaced; `FUSEDOPS_WRITE_PINS=1 pytest fusedops_tests/test_plans.py -k pins` rewrites
+it after a deliberate table change)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+import fusedops
+from fusedops import plans
+from fusedops.targets import Target, ascend_target, cuda_arch, cuda_target
+
+from .helpers import execution_path, recorded_launches
+
+PINS = Path(__file__).with_name("plan_pins.json")
+H100 = Target(vendor="cuda", vector_cores=132, matrix_cores=132, onchip_bytes=192 * 1024, max_grid=2**31 - 1,
+              row_align=16, resident=4, persistent=False, arch="sm90")
+
+
+def _table(rows, kernels=None, overrides=None) -> dict:
+    return {"op": "toy", "kernels": kernels or {"k": ["x"]}, "overrides": overrides or {"k": ["x"]}, "rows": rows}
+
+
+@pytest.fixture
+def toy_table(monkeypatch):
+    """A toy op's table in place of reading plans.json."""
+    def install(data):
+        plans.validate(data)
+        real = plans.table
+
+        def table(op):
+            return data if op == "toy" else real(op)
+
+        monkeypatch.setattr(plans, "table", table)
+        monkeypatch.setattr(plans, "_override_keys", lambda op: table(op).get("overrides", {}))
+    return install
+
+
+def _row(arch, when, x, vendor="cuda", run="r"):
+    return {"kernel": "k", "vendor": vendor, "arch": arch, "when": when, "params": {"x": x}, "run": run}
+
+
+def test_resolver_prefers_the_specific_row(toy_table):
+    toy_table(_table([
+        _row("*", {}, "generic"),
+        _row("*", {"dtype": "16"}, "generic-16"),
+        _row("sm90", {}, "h100"),
+        _row("sm90", {"dtype": "16", "dim": [1, 4096]}, "h100-16-narrow"),
+        _row("sm90-h200", {"dtype": "16"}, "h200-16"),
+        _row("*", {}, "ascend", vendor="ascend"),
+    ]))
+
+    def x(arch, vendor="cuda", **features):
+        return plans.resolve_row("toy", "k", vendor, arch, dict(dict(dtype="32", dim=8192), **features))["params"]["x"]
+
+    assert x("sm90") == "h100"  # the arch's own row over the generic one, even with fewer when keys
+    assert x("sm90", dtype="16", dim=4096) == "h100-16-narrow"  # more when keys, same arch
+    assert x("sm90", dtype="16", dim=4097) == "h100"  # outside the range: the next most specific
+    assert x("sm90-h200", dtype="16") == "h200-16"
+    assert x("sm90-h200", dtype="32") == "h100"  # an H200 falls back on the sm90 rows, then "*"
+    assert x("sm100") == "generic" and x("sm100", dtype="16") == "generic-16"  # an unseen GPU: heuristic rows
+    assert x("", dtype="16") == "generic-16"
+    assert x("", vendor="ascend") == "ascend"
+
+
+def test_resolver_errors(toy_table):
+    toy_table(_table([_row("*", {"dtype": "16"}, 1)]))
+    with pytest.raises(ValueError, match="no plan row"):
+        plans.resolve_row("toy", "k", "cuda", "sm90", {"dtype": "32"})
+    with pytest.raises(ValueError, match="feature 'dtype'"):
+        plans.resolve_row("toy", "k", "cuda", "sm90", {"dim": 3})
+    with pytest.raises(ValueError, match="repeats"):
+        plans.validate(_table([_row("*", {"a": 1}, 1), _row("*", {"a": 1}, 2)]))
+    with pytest.raises(ValueError, match="unknown params"):
+        plans.validate(_table([{**_row("*", {}, 1), "params": {"y": 1}}]))
+
+
+@pytest.mark.parametrize("op", ["attn_res", "embedding", "neighborhood_attention"])
+def test_tables_are_valid_and_name_their_runs(op):
+    data = plans.table(op)
+    plans.validate(data)
+    for row in data["rows"]:
+        assert row["run"], row
+        if row["vendor"] == "cuda" and row["arch"] == "sm90-h200":
+            assert row["run"].startswith("h200"), row  # named as the H200's
+    # every H100 row has its H200 twin and a generic CUDA row for unseen GPUs (same kernel and when; the params
+    # are today's H100 values in all three until `python -m fusedops.bench tune` retunes a GPU's rows)
+    def key(row):
+        return row["kernel"], json.dumps(row["when"], sort_keys=True)
+    by_arch = {arch: {key(r) for r in data["rows"] if r["vendor"] == "cuda" and r["arch"] == arch}
+               for arch in ("*", "sm90", "sm90-h200")}
+    assert by_arch["sm90"] and by_arch["sm90"] == by_arch["sm90-h200"]
+    assert by_arch["sm90"] <= by_arch["*"]
+
+
+def test_cuda_arch_names_the_h200():
+    gib = 2**30
+    assert cuda_arch("NVIDIA H100 80GB HBM3", 9, 0, 80 * gib) == "sm90"
+    assert cuda_arch("NVIDIA H200", 9, 0, 141 * gib) == "sm90-h200"
+    assert cuda_arch("NVIDIA GH200 480GB", 9, 0, 96 * gib) == "sm90-h200"  # by name
+    assert cuda_arch("some sm_90 part", 9, 0, 120 * gib) == "sm90-h200"  # by memory
+    assert cuda_arch("NVIDIA A100-SXM4-80GB", 8, 0, 80 * gib) == "sm80"
+    assert plans.arch_chain("sm90-h200") == ("sm90-h200", "sm90", "*")
+    assert plans.arch_chain("sm100") == ("sm100", "*") and plans.arch_chain("") == ("*",)
+
+
+def test_h200_resolves_its_own_rows():
+    h200 = dataclasses.replace(H100, arch="sm90-h200")
+    row = plans.resolve_row("attn_res", "fwd", "cuda", "sm90-h200",
+                            dict(interpreted=False, dtype="16", dim=7168, tokens=4096))
+    assert row["arch"] == "sm90-h200" and row["run"].startswith("h200")
+    from fusedops.attn_res.plan import make_plan
+    assert make_plan(h200, 4096, 7168, 2, backward=False) == make_plan(H100, 4096, 7168, 2, backward=False)
+
+
+# ---- forced configurations -------------------------------------------------------------------------------------
+
+def test_override_forces_nests_and_restores():
+    from fusedops.attn_res.op import forward_plan
+    from fusedops.neighborhood_attention.plan import make_plan
+
+    planned = forward_plan(H100, 8192, 8, 4096, 2)
+    with fusedops.plan_override("attn_res", "forward", variant="rows", num_warps=8):
+        plan = forward_plan(H100, 8192, 8, 4096, 2)
+        assert plan.block_n == 0 and plan.num_warps == 8
+        with fusedops.plan_override("attn_res", "forward", num_warps=2, block_t=1):
+            inner = forward_plan(H100, 8192, 8, 4096, 2)
+            assert (inner.block_n, inner.num_warps, inner.block_t) == (0, 2, 1)  # inner keys win, outer stay
+        assert forward_plan(H100, 8192, 8, 4096, 2) == plan
+    assert forward_plan(H100, 8192, 8, 4096, 2) == planned
+    args = ([1, 64, 64], [1, 1, 1], 64, 64, torch.bfloat16, 2)
+    with fusedops.plan_override("neighborhood_attention", "fwd", bm=[1, 4, 16], bn=(1, 16, 4), num_warps=8):
+        forced = make_plan(H100, *args, backward=False, kernel_volume=49, kernel=[1, 7, 7])
+    assert (forced.bm, forced.bn, forced.num_warps, forced.fwd_registers) == ((1, 4, 16), (1, 16, 4), 8, None)
+
+
+def test_override_restores_after_an_exception():
+    with pytest.raises(RuntimeError):
+        with fusedops.plan_override("embedding", "fwd", num_warps=1):
+            raise RuntimeError
+    assert plans.forced("embedding", "fwd") == {}
+
+
+def test_invalid_override_keys_raise():
+    with pytest.raises(ValueError, match="'block_m'"):
+        with fusedops.plan_override("neighborhood_attention", "fwd", block_m=64):
+            pass
+    with pytest.raises(ValueError, match="'nope'"):
+        with fusedops.plan_override("attn_res", "nope", num_warps=4):
+            pass
+    with pytest.raises(ValueError, match="unknown op 'nope'"):
+        with fusedops.plan_override("nope", "fwd"):
+            pass
+    with pytest.raises(ValueError, match="variant"):
+        with fusedops.plan_override("attn_res", "backward", variant="fastest"):
+            from fusedops.attn_res.op import backward_plan
+            backward_plan(H100, 64, 8, 4096, 2, True)
+
+
+@pytest.mark.parametrize("path", ["cuda", "ascend"])
+def test_override_reaches_the_launched_kernels(path):
+    """What plan_override forces is what the kernels are launched with (their meta-parameters)."""
+    from fusedops.attn_res import op as ar_op
+    from fusedops.embedding import op as em_op
+    from fusedops.neighborhood_attention import op as na_op
+
+    gen = torch.Generator().manual_seed(0)
+    values, query = torch.randn(4, 3, 64, generator=gen), torch.randn(64, generator=gen)
+    with execution_path(path), recorded_launches(ar_op) as launches, \
+            fusedops.plan_override("attn_res", "forward", variant="online", block_t=2, num_warps=2):
+        fusedops.attn_res(values, query)
+    (name, _, meta), = launches
+    assert name == "attn_res_fwd_kernel" and (meta["BLOCK_T"], meta["num_warps"]) == (2, 2)
+    weight, indices = torch.randn(50, 48, generator=gen), torch.randint(0, 50, (30,), generator=gen)
+    with execution_path(path), recorded_launches(em_op) as launches, \
+            fusedops.plan_override("embedding", "fwd", block_rows=4, block_d=16, grid=3):
+        torch.testing.assert_close(fusedops.embedding(indices, weight), weight[indices])
+    (name, _, meta), = launches
+    assert (meta["BLOCK_T"], meta["BLOCK_D"]) == (4, 16)
+    q = torch.randn(1, 2, 40, 16, generator=gen)
+    with execution_path(path), recorded_launches(na_op) as launches, \
+            fusedops.plan_override("neighborhood_attention", "fwd", bm=(1, 1, 16), bn=(1, 1, 32), num_warps=2):
+        fusedops.neighborhood_attention(q, q, q, 7)
+    (name, _, meta), = launches
+    assert (meta["BM2"], meta["BN2"], meta["num_warps"]) == (16, 32, 2)
+
+
+@pytest.mark.parametrize("path", ["cuda", "ascend"])
+def test_plans_with_one_reduction_order_give_the_same_bits(path):
+    """Configurations that only change how work is split among programs, not the order of any sum, give
+    bit-identical results: attn_res's forward with any token block or grid (each token's softmax and sum run
+    over depth in one order; D is one tile) and the embedding backward with any zero-tile shape and grid.
+    (Other boxes of neighborhood attention change the order its online softmax meets the keys: not claimed.)"""
+    gen = torch.Generator().manual_seed(1)
+    values, query = torch.randn(5, 37, 96, generator=gen), torch.randn(96, generator=gen)
+    with execution_path(path):
+        with fusedops.plan_override("attn_res", "forward", variant="online"):
+            base = fusedops.attn_res(values, query, return_lse=True)
+        for block_t, grid in ((1, 1), (2, 3), (8, 37)):
+            with fusedops.plan_override("attn_res", "forward", variant="online", block_t=block_t, grid=grid):
+                got = fusedops.attn_res(values, query, return_lse=True)
+            assert all(torch.equal(a, b) for a, b in zip(base, got)), (block_t, grid)
+    weight = torch.randn(40, 48, generator=gen, requires_grad=True)
+    indices = torch.randint(0, 40, (200,), generator=gen)
+    grad = torch.randn(200, 48, generator=gen)
+
+    def grad_weight():
+        (g,) = torch.autograd.grad(fusedops.embedding(indices, weight), weight, grad)
+        return g
+
+    with execution_path(path):
+        base = grad_weight()
+        for rows, grid in ((2, 1), (4, 5)):
+            with fusedops.plan_override("embedding", "bwd", block_rows=rows, grid=grid):
+                assert torch.equal(grad_weight(), base), (rows, grid)
+
+
+def test_override_under_torch_compile():
+    """A forced configuration is read on the host while torch.compile traces: the compiled call launches it
+    (and gives the eager call's bits)."""
+    from fusedops.registry import opaque_triton_ops
+
+    gen = torch.Generator().manual_seed(2)
+    values, query = torch.randn(3, 9, 32, generator=gen), torch.randn(32, generator=gen)
+    with execution_path("cuda"), opaque_triton_ops():
+        with fusedops.plan_override("attn_res", "forward", variant="online", block_t=1):
+            eager = fusedops.attn_res(values, query)
+            torch._dynamo.reset()
+            compiled = torch.compile(fusedops.attn_res, fullgraph=True)(values, query)
+        torch._dynamo.reset()
+    assert torch.equal(eager, compiled)
+
+
+def test_launch_by_name_fails_loudly_on_a_wrong_name():
+    from fusedops.embedding.kernels import embedding_fwd_kernel
+    from fusedops.launch import bind
+
+    args = dict(idx_ptr=0, w_ptr=1, out_ptr=2, N=3, V=4, D=5, IDX_S=6, W_S0=7, W_S1=8)
+    assert bind(embedding_fwd_kernel, args) == list(range(9))
+    with pytest.raises(TypeError, match=r"missing arguments \['W_S1'\], unknown arguments \['W_S2'\]"):
+        bind(embedding_fwd_kernel, dict({k: v for k, v in args.items() if k != "W_S1"}, W_S2=8))
+    with pytest.raises(TypeError, match="missing arguments"):
+        bind(embedding_fwd_kernel, {k: v for k, v in args.items() if k != "N"})
+
+
+# ---- the plans of the benchmark and test shapes, pinned -------------------------------------------------------
+
+def pin_targets() -> dict:
+    ascend = ascend_target(interpreted=True)
+    return {
+        "h100": H100,  # (the H200's and unseen GPUs' rows equal the H100's: test_tables_are_valid_and_name_their_runs)
+        "interp-cuda": cuda_target(interpreted=True),
+        "interp-cuda-12k": dataclasses.replace(cuda_target(interpreted=True), onchip_bytes=12 * 1024),
+        "ascend": dataclasses.replace(ascend, interpreted=False), "interp-ascend": ascend,
+    }
+
+
+def plain(x):
+    """A plan as plain JSON data: a dataclass as the list of its field values (nested ones too), tuples as lists."""
+    if dataclasses.is_dataclass(x):
+        return [plain(getattr(x, f.name)) for f in dataclasses.fields(x)]
+    if isinstance(x, (tuple, list)):
+        return [plain(v) for v in x]
+    return x
+
+
+def compute_pins(ar_plan, forward_plan, backward_plan, em_plan, na_plan) -> dict:
+    """{case: plan} over the benchmark shapes, the attn_res grid of issue 31 (a sample) and the test shapes."""
+    out = {}
+    for tname, t in pin_targets().items():
+        for n, dim in itertools.product((2, 4, 9, 16, 128), (300, 1024, 4096, 7168, 16384)):
+            for tokens, elem in itertools.product((1, 2048, 32768), (2, 4)):
+                key = f"attn_res|{tname}|{n},{dim},{tokens},{elem}"
+                out[key + "|fwd"] = plain(forward_plan(t, tokens, n, dim, elem))
+                for one_pass in (False, True):
+                    plan = backward_plan(t, tokens, n, dim, elem, one_pass)
+                    out[key + f"|bwd{int(one_pass)}"] = plain(plan)
+                    out[key + f"|reduce{int(one_pass)}"] = plain(ar_plan.reduce_plan(t, dim, plan.grid, ar_plan.stash_rows(t, n, dim, elem), 4 * (elem // 4 or 1)))
+        for v, dim, tokens, elem in itertools.product((1000, 151936), (48, 768, 1600, 4096), (64, 16384), (2, 4)):
+            key = f"embedding|{tname}|{v},{dim},{tokens},{elem}"
+            out[key + "|fwd"] = plain(em_plan.make_plan(t, tokens, dim, elem, backward=False))
+            out[key + "|bwd"] = plain(em_plan.make_plan(t, v, dim, elem, backward=True, tokens=tokens))
+        na_cases = [((4096,), (7,), 64), ((8192,), (33,), 128), ((16384,), (129,), 64), ((64, 64), (7, 7), 64),
+                    ((128, 128), (13, 13), 128), ((16, 32, 32), (7, 7, 7), 64), ((256,), (7,), 32), ((16, 16), (5, 5), 32),
+                    ((37,), (6,), 8), ((9, 7), (3, 4), 8), ((64, 64), (11, 11), 64), ((64, 64), (3, 3), 128),
+                    ((256,), (33,), 256)]
+        for (spatial, kernel, d), dtype in itertools.product(na_cases, (torch.bfloat16, torch.float32, torch.float64)):
+            nd = len(spatial)
+            pad = (1,) * (3 - nd)
+            kv = 1
+            for k in kernel:
+                kv *= k
+            for backward, tf32 in itertools.product((False, True), (False, True) if dtype == torch.float32 else (False,)):
+                halo = kernel[0] - 1 if backward and nd == 1 else None
+                plan = na_plan.make_plan(t, pad + spatial, (1, 1, 1), d, d, dtype, nd, backward=backward,
+                                         kernel_volume=kv, halo=halo, tf32=tf32, kernel=pad + kernel)
+                out[f"na|{tname}|{spatial},{kernel},{d},{str(dtype)[6:]},{int(backward)},{int(tf32)}"] = plain(plan)
+    return out
+
+
+def write_pins(pins: dict) -> None:
+    PINS.write_text("{\n" + ",\n".join(f"{json.dumps(k)}: {json.dumps(v, separators=(',', ':'))}"
+                                        for k, v in sorted(pins.items())) + "\n}\n")
+
+
+def _current_pins() -> dict:
+    from fusedops.attn_res import plan as ar_plan
+    from fusedops.attn_res.op import backward_plan, forward_plan
+    from fusedops.embedding import plan as em_plan
+    from fusedops.neighborhood_attention import plan as na_plan
+
+    return compute_pins(ar_plan, forward_plan, backward_plan, em_plan, na_plan)
+
+
+def test_plans_of_pinned_shapes_are_unchanged():
+    got = _current_pins()
+    if os.environ.get("FUSEDOPS_WRITE_PINS") == "1":
+        write_pins(got)
+    pinned = json.loads(PINS.read_text())
+    assert set(got) == set(pinned)
+    changed = [k for k in pinned if got[k] != pinned[k]]
+    assert not changed, f"{len(changed)} plans changed, e.g. {changed[:3]}: {[got[k] for k in changed[:1]]} " \
+                        f"pinned {[pinned[k] for k in changed[:1]]}"
+
+
+def test_tuner_smoke_writes_rows(tmp_path, monkeypatch, capsys):
+    """`python -m fusedops.bench tune <op>` on a CPU (the interpreter, a tiny sweep): it prints table rows for the
+    device's arch, named by the run, and writes them into a copy of the table; the package's table is untouched."""
+    monkeypatch.setenv("FUSEDOPS_INTERPRET", "cuda")
+    from fusedops.bench import tune
+
+    path = tmp_path / "plans.json"
+    assert tune.main(["neighborhood_attention", "--device", "cpu", "--table", str(path), "--run", "ci-smoke"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert rows and all(r["run"] == "ci-smoke" and r["vendor"] == "cuda" for r in rows)
+    table = json.loads(path.read_text())
+    plans.validate(table)
+    assert sum(r["run"] == "ci-smoke" for r in table["rows"]) == len(rows)
+    assert all(r["run"] != "ci-smoke" for r in plans.table("neighborhood_attention")["rows"])
+    with pytest.raises(SystemExit, match="--write"):
+        tune.main(["neighborhood_attention", "--device", "cpu", "--write"])
+
+
+def test_keyword_launches_take_the_cached_fast_path(monkeypatch):
+    """launch() by name binds the arguments to positions and then runs the same CUDA launch cache as before: the
+    first launch compiles, the next ones call the compiled launcher positionally (stand-ins for Triton and the
+    device, as in test_dispatch.py)."""
+    from types import SimpleNamespace
+
+    from fusedops import launch as launch_mod
+
+    from .test_dispatch import _StandInKernel, _StandInTensor
+
+    if launch_mod._knobs is None:
+        pytest.skip("this Triton has no knobs module: launches go through the runner")
+
+    class Kernel(_StandInKernel):
+        params = [SimpleNamespace(name=n, is_constexpr=n == "BLOCK") for n in _StandInKernel.arg_names]
+
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1234, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(launch_mod, "_CACHE", {})
+    monkeypatch.setattr(launch_mod, "is_wrap_triton_enabled", lambda: False)
+    kernel = Kernel()
+    x, out = _StandInTensor(4096), _StandInTensor(8192)
+    for _ in range(3):
+        launch_mod.launch(kernel, (3,), dict(n=10, out_ptr=out, x_ptr=x), {"BLOCK": 64, "num_warps": 4})
+    assert len(kernel.compiles) == 1 and len(kernel.launches) == 2
+    assert kernel.launches[-1][-4:] == (4096, 8192, 10, 64)  # x, out, n, BLOCK: bound by name
+    with pytest.raises(TypeError, match=r"unknown arguments \['m'\]"):
+        launch_mod.launch(kernel, (3,), dict(m=10, out_ptr=out, x_ptr=x), {"BLOCK": 64})
+    with pytest.raises(TypeError, match=r"unknown constexpr/launch options \['BLOCK_X'\]"):
+        launch_mod.launch(kernel, (3,), dict(n=11, out_ptr=out, x_ptr=x), {"BLOCK_X": 64})
