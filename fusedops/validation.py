@@ -73,6 +73,17 @@ def check_min_dim(name: str, t: torch.Tensor, ndim: int) -> None:
         raise ValueError(f"{name} must have at least {ndim} dims, got shape {tuple(t.shape)}")
 
 
+def check_sources(values: torch.Tensor) -> int:
+    """values [N, *batch, D] of the AttnRes ops: floating, N >= 1 sources, D >= 1 features. Returns D."""
+    check_float("values", values)
+    check_min_dim("values", values, 2)
+    if values.shape[0] == 0:
+        raise ValueError("values must hold at least one source (N >= 1), got N = 0")
+    if values.shape[-1] == 0:
+        raise ValueError("values must have a feature dim D >= 1, got D = 0")
+    return values.shape[-1]
+
+
 def check_same_device(named: Iterable[tuple[str, Optional[torch.Tensor]]]) -> None:
     named = [(n, t) for n, t in named if t is not None]
     first_name, first = named[0]

@@ -18,8 +18,8 @@ from fusedops.validation import (
     check_bool,
     check_float,
     check_fp32_normal,
-    check_min_dim,
     check_same_device,
+    check_sources,
     check_tensor,
     checks_in_wrapper,
 )
@@ -37,16 +37,10 @@ from .plan import OP, Plan, depth_tile_plan, make_plan, reduce_plan, stash_rows
 
 
 def check_args(values: Tensor, query: Tensor, norm_weight: Optional[Tensor], eps: float) -> None:
-    check_float("values", values)
+    dim = check_sources(values)
     check_float("query", query)
     if norm_weight is not None:
         check_float("norm_weight", norm_weight)
-    check_min_dim("values", values, 2)
-    if values.shape[0] == 0:
-        raise ValueError("values must hold at least one source (N >= 1), got N = 0")
-    dim = values.shape[-1]
-    if dim == 0:
-        raise ValueError("values must have a feature dim D >= 1, got D = 0")
     if query.dim() != 1 or query.shape[0] != dim:
         raise ValueError(f"query must have shape [D] = [{dim}] to match values, got {tuple(query.shape)}")
     if norm_weight is not None and (norm_weight.dim() != 1 or norm_weight.shape[0] != dim):

@@ -18,6 +18,7 @@ from fusedops.validation import (
     check_fp32_normal,
     check_min_dim,
     check_same_device,
+    check_sources,
     check_tensor,
     checks_in_wrapper,
 )
@@ -36,14 +37,8 @@ from .sources import stack_sources
 
 
 def check_multi_args(values: Tensor, queries: Tensor, eps: float) -> None:
-    check_float("values", values)
+    dim = check_sources(values)
     check_float("queries", queries)
-    check_min_dim("values", values, 2)
-    if values.shape[0] == 0:
-        raise ValueError("values must hold at least one source (N >= 1), got N = 0")
-    dim = values.shape[-1]
-    if dim == 0:
-        raise ValueError("values must have a feature dim D >= 1, got D = 0")
     if queries.dim() != 2 or queries.shape[1] != dim or queries.shape[0] == 0:
         raise ValueError(f"queries must have shape [M, D] = [M >= 1, {dim}] to match values, got "
                          f"{tuple(queries.shape)}")
