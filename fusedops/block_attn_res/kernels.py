@@ -107,6 +107,100 @@ def attn_res_multi_fwd_kernel(
 
 
 @triton.jit
+def _split_dot(a, b, acc, PARTS: tl.constexpr, SPLIT_A: tl.constexpr):
+    """acc + a @ b on bfloat16 tensor cores, one operand bfloat16 and the other (a with SPLIT_A, else b)
+    float32, split into PARTS (2 or 3) bfloat16 terms, smallest first: each product is exact in the float32
+    sum, and 3 parts keep ~24 bits of the float32 operand, 2 parts ~16."""
+    f = a if SPLIT_A else b
+    hi = f.to(tl.bfloat16)
+    rest = f - hi.to(tl.float32)
+    mid = rest.to(tl.bfloat16)
+    if PARTS == 3:
+        lo = (rest - mid.to(tl.float32)).to(tl.bfloat16)
+        acc = tl.dot(lo, b, acc) if SPLIT_A else tl.dot(a, lo, acc)
+    acc = tl.dot(mid, b, acc) if SPLIT_A else tl.dot(a, mid, acc)
+    return tl.dot(hi, b, acc) if SPLIT_A else tl.dot(a, hi, acc)
+
+
+@triton.jit
+def attn_res_multi_fwd_dot_kernel(
+    v_ptr, q_ptr, out_ptr, lse_ptr,
+    N, M, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, QS, OUT_STEP, D_CHUNK, eps,
+    SPLITS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr, BF16: tl.constexpr,
+):
+    """attn_res_multi_fwd_kernel's result with the two contractions on tensor cores, for BLOCK_T tokens a step
+    (BLOCK_M, BLOCK_N >= 16; float32/float16/bfloat16 values).
+
+    Pass 1: the token block's rows (token-major, BLOCK_N source slots a token) times the query tile, [BLOCK_T *
+    BLOCK_N, BLOCK_D] x [BLOCK_D, BLOCK_M], summed over D; each query tile is read once per BLOCK_T tokens.
+    Pass 2, over this split's D_CHUNK in BLOCK_D2 tiles, in reverse (the tiles pass 1 read last are the
+    likeliest still in cache): out[t] = alpha[t]^T [BLOCK_M, BLOCK_N] x rows[t] [BLOCK_N, BLOCK_D2].
+    The rows enter the dots exactly; the float32 queries and alpha are split: with BF16 (bfloat16 rows) into
+    two bfloat16 terms each (_split_dot: ~16 bits, a logit's error ~2^-17 of sum_d |q_d x_d|, far below the
+    bfloat16 output's rounding; a third term costs 23% at N=8, M=24, D=7168 on the H200), else by tf32x3
+    (float16 and float32 rows, ~22 bits). Sums are float32."""
+    eps = tl.cast(eps, tl.float32)  # Inductor passes Python floats as fp64
+    pid = tl.program_id(0)
+    split = pid % SPLITS
+    programs = tl.num_programs(0) // SPLITS
+    r = tl.arange(0, BLOCK_T * BLOCK_N)
+    i_r = r % BLOCK_N
+    m = tl.arange(0, BLOCK_M)
+    m_mask = m < M
+    n = tl.arange(0, BLOCK_N)
+    n_mask = n < N
+    bt = tl.arange(0, BLOCK_T)
+    d_lo = split * D_CHUNK
+    d_hi = tl.minimum(d_lo + D_CHUNK, D)
+    d_tiles = tl.cdiv(d_hi - d_lo, BLOCK_D2)
+    for block in range(pid // SPLITS, tl.cdiv(T, BLOCK_T), programs):
+        t0 = tl.cast(block, tl.int64) * BLOCK_T
+        t_r = t0 + r // BLOCK_N
+        r_mask = (i_r < N) & (t_r < T)
+        rows = _token_rows(t_r, S1, S2, ST0, ST1, ST2) + i_r * STRIDE_N
+        sq = tl.zeros([BLOCK_T * BLOCK_N], tl.float32)
+        dot = tl.zeros([BLOCK_T * BLOCK_N, BLOCK_M], tl.float32)
+        for d0 in range(0, D, BLOCK_D):
+            d = d0 + tl.arange(0, BLOCK_D)
+            d_mask = d < D
+            x = tl.load(v_ptr + rows[:, None] + d[None, :], mask=r_mask[:, None] & d_mask[None, :], other=0.0)
+            q = tl.load(q_ptr + m[:, None] * QS + d[None, :], mask=m_mask[:, None] & d_mask[None, :],
+                        other=0.0).to(tl.float32)
+            xf = x.to(tl.float32)
+            sq += tl.sum(xf * xf, axis=1)
+            if BF16:
+                dot = _split_dot(x, tl.trans(q), dot, 2, False)
+            else:
+                dot = tl.dot(xf, tl.trans(q), dot, input_precision="tf32x3")
+        rstd = tl.rsqrt(sq / D + eps)
+        logits = tl.reshape(dot * rstd[:, None], (BLOCK_T, BLOCK_N, BLOCK_M))
+        s = tl.where(n_mask[None, :, None], logits, float("-inf"))
+        mx = tl.max(s, axis=1)
+        p = tl.exp(s - _finite_or_zero(mx)[:, None, :])
+        denom = tl.sum(p, axis=1)
+        alpha = tl.permute(p / denom[:, None, :], (0, 2, 1))  # [BLOCK_T, BLOCK_M, BLOCK_N]
+        t = t0 + bt
+        t_mask = t < T
+        tm_mask = t_mask[:, None] & m_mask[None, :]
+        tl.store(lse_ptr + m[None, :] * T + t[:, None], mx + tl.log(denom), mask=mask_if(split == 0, tm_mask))
+        rows3 = tl.reshape(rows, (BLOCK_T, BLOCK_N))
+        rows_mask3 = tl.reshape(r_mask, (BLOCK_T, BLOCK_N))
+        out_rows = m[None, :, None].to(tl.int64) * OUT_STEP + t[:, None, None] * D
+        for k in range(0, d_tiles):
+            d = d_lo + (d_tiles - 1 - k) * BLOCK_D2 + tl.arange(0, BLOCK_D2)
+            d_mask = d < d_hi
+            x = tl.load(v_ptr + rows3[:, :, None] + d[None, None, :],
+                        mask=rows_mask3[:, :, None] & d_mask[None, None, :], other=0.0)
+            if BF16:
+                o = _split_dot(alpha, x, tl.zeros([BLOCK_T, BLOCK_M, BLOCK_D2], tl.float32), 2, True)
+            else:
+                o = tl.dot(alpha, x.to(tl.float32), input_precision="tf32x3")
+            tl.store(out_ptr + out_rows + d[None, None, :], o.to(out_ptr.dtype.element_ty),
+                     mask=tm_mask[:, :, None] & d_mask[None, None, :])
+
+
+@triton.jit
 def attn_res_multi_bwd_kernel(
     g_ptr, glse_ptr, v_ptr, q_ptr, dv_ptr, partial_ptr,
     N, M, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, QS, OUT_STEP, DV_STEP, eps,

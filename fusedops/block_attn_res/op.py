@@ -28,6 +28,7 @@ from .kernels import (
     attn_res_merge_bwd_kernel,
     attn_res_merge_fwd_kernel,
     attn_res_multi_bwd_kernel,
+    attn_res_multi_fwd_dot_kernel,
     attn_res_multi_fwd_kernel,
 )
 from .plan import MergePlan, MultiPlan, merge_plan, multi_plan
@@ -65,6 +66,17 @@ def _multi_forward(values: Tensor, queries: Tensor, eps: float, target: Target,
     values, queries = walkable_sources(values), unit_last_stride(queries)
     s1, s2, st0, st1, st2 = sources_walk(values)
     plan = plan or multi_plan(target, tokens, n, m, dim, values.element_size())
+    if plan.dot:
+        launch(attn_res_multi_fwd_dot_kernel, (plan.grid,),
+               dict(v_ptr=values, q_ptr=queries, out_ptr=out, lse_ptr=lse, N=n, M=m, T=tokens, D=dim, S1=s1,
+                    S2=s2, ST0=st0, ST1=st1, ST2=st2, STRIDE_N=values.stride(0), QS=queries.stride(0),
+                    OUT_STEP=tokens * dim, D_CHUNK=plan.d_chunk, eps=eps),
+               dict(SPLITS=plan.splits, BLOCK_T=plan.block_t, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
+                    BLOCK_D=plan.block_d, BLOCK_D2=plan.block_d2,
+                    # the interpreter's bfloat16 tl.dot is wrong: there bfloat16 takes the tf32x3 path
+                    BF16=values.dtype == torch.bfloat16 and not target.interpreted,
+                    num_warps=plan.num_warps, num_stages=plan.num_stages))
+        return out, lse
     launch(attn_res_multi_fwd_kernel, (plan.grid,),
            dict(v_ptr=values, q_ptr=queries, out_ptr=out, lse_ptr=lse, N=n, M=m, T=tokens, D=dim, S1=s1, S2=s2,
                 ST0=st0, ST1=st1, ST2=st2, STRIDE_N=values.stride(0), QS=queries.stride(0), OUT_STEP=tokens * dim,
@@ -469,10 +481,9 @@ def check_partial_out(partial_out: Tensor, partial: Tensor, reads, check_overlap
                                  "partial_out); write the updated sum to another slot")
 
 
-@fused_op("attn_res_merge_into", mutates_args=("partial_out",))
-def attn_res_merge_into_op(out: Tensor, lse: Tensor, partial: Tensor, query: Tensor, addend: Optional[Tensor],
-                           addend2: Optional[Tensor], gain: Optional[Tensor], eps: float, norm_eps: float,
-                           partial_out: Tensor) -> Tensor:
+def _merge_into(out: Tensor, lse: Tensor, partial: Tensor, query: Tensor, addend: Optional[Tensor],
+                addend2: Optional[Tensor], gain: Optional[Tensor], eps: float, norm_eps: float,
+                partial_out: Tensor) -> Tensor:
     """attn_res_merge writing the updated partial sum (partial + addends, or partial itself) into partial_out
     (e.g. a slot of a token-major bank, `bank[:, slot]`, written in place) and returning h (or
     rmsnorm(h) * gain). For inference: no autograd formula. partial_out must not overlap the inputs."""
@@ -486,6 +497,9 @@ def attn_res_merge_into_op(out: Tensor, lse: Tensor, partial: Tensor, query: Ten
         return y
     return _merge_forward(out, lse, partial, query, addend, addend2, gain, eps, norm_eps, target,
                           partial_out=partial_out)[0]
+
+
+attn_res_merge_into_op = fused_op("attn_res_merge_into", mutates_args=("partial_out",))(_merge_into)
 
 
 @attn_res_merge_into_op.register_fake
@@ -546,6 +560,12 @@ def attn_res_merge(out: Tensor, lse: Tensor, partial: Tensor, query: Tensor,
     tensors = (out, lse, partial, query, addend, addend2, gain)
     if partial_out is not None:
         if not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)):
+            if direct_call_ok(*tensors, partial_out):
+                # the dispatcher's host time (one call of a block's 24 is ~2048 tokens of device work) skipped;
+                # the write is announced as the dispatcher would (a saved view of it then fails loudly)
+                h = call_direct(_merge_into, *args, partial_out)
+                torch.autograd.graph.increment_version(partial_out)
+                return h, partial_out
             return torch.ops.fusedops.attn_res_merge_into(*args, partial_out), partial_out
         h, p_new = attn_res_merge(out, lse, partial, query, addends, gain, eps, norm_eps)
         partial_out.copy_(p_new)

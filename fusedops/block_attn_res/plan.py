@@ -1,6 +1,6 @@
 """Launch plans of Block AttnRes's kernels: tile sizes, D splits and grids from a hardware Target and the
-problem shape. Untuned: the numbers below are first guesses from the on-chip budgets (no GPU sweep yet, see
-fusedops/bench/block_attn_res.py for the shapes to tune on)."""
+problem shape. The CUDA forwards follow an H200 sweep (fusedops/bench/tune_block_attn_res.py, bench/NOTES.md);
+the backwards and the other targets are first guesses from the on-chip budgets."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ MERGE_BWD_TILES = 7
 CUDA_MULTI_TILE_ELEMENTS = 8192
 CUDA_MULTI_BWD_TILE_ELEMENTS = 4096
 CUDA_MERGE_TILE_ELEMENTS = 8192
+CUDA_MERGE_FWD_TILE = 4096
 CUDA_NUM_WARPS = 4
 CUDA_MAX_WARPS = 16
 CUDA_ELEMENTS_PER_WARP = 1024
@@ -52,15 +53,20 @@ class MultiPlan:
     d_chunk: int  # features per split, a multiple of block_d
     grid: int  # programs launched: token programs x splits
     num_warps: int = CUDA_NUM_WARPS
+    block_t: int = 1  # tokens a step (the tensor-core forward)
+    dot: bool = False  # the forward on tensor cores (attn_res_multi_fwd_dot_kernel)
+    num_stages: int = 2
+    block_d2: int = 0  # features per tile of the tensor-core forward's output pass
 
 
 @memoize
 def multi_plan(target: Target, tokens: int, sources: int, queries: int, dim: int, elem_size: int, *,
-               backward: bool = False) -> MultiPlan:
+               backward: bool = False, dot: bool = True, tile_t: int = 0, tile_d: int = 0) -> MultiPlan:
     """One token per program step. The forward splits D across programs when there are fewer tokens than
     programs that run at once (decode: 1-512 tokens), so that one token's output rows are written by many
     programs; each re-derives the token's logits from all of D (a re-read from L2), the price of needing no
-    cross-program reduction. The backward is persistent, one program per core (its query-gradient partial rows
+    cross-program reduction. On CUDA the forward of 16/32-bit values runs on tensor cores (_dot_plan; `dot`,
+    `tile_t` and `tile_d` (block_t, block_d) force the tuner's choices there). The backward is persistent, one program per core (its query-gradient partial rows
     are [grid, M, D])."""
     acc = 8 if elem_size == 8 else 4
     block_m = next_pow2(queries)
@@ -83,6 +89,8 @@ def multi_plan(target: Target, tokens: int, sources: int, queries: int, dim: int
         grid = torch.sym_min(target.grid_size(tokens, persistent=True), target.vector_cores)
         return MultiPlan(block_m, block_n, block_d, 1, d_tiles * block_d, grid, warps)
     hint = max(1, size_hint(tokens))
+    if dot and target.vendor == "cuda" and elem_size != 8:
+        return _dot_plan(target, tokens, hint, sources, queries, dim, tile_t, tile_d)
     splits = max(1, min(d_tiles, slots // hint)) if hint < slots else 1
     per_split = -(-d_tiles // splits)
     splits = -(-d_tiles // per_split)  # no empty split
@@ -109,15 +117,47 @@ def merge_plan(target: Target, tokens: int, dim: int, elem_size: int, *, backwar
     budget = max(1, target.onchip_bytes // (tiles * acc))
     min_row = max(1, target.row_align // elem_size)
     largest = max(prev_pow2(budget), min_row)
-    if target.vendor == "cuda" and not target.interpreted:
+    hint = max(1, size_hint(tokens))
+    cuda = target.vendor == "cuda" and not target.interpreted
+    if cuda and not backward:
+        # H200 sweep (bench/NOTES.md, Block AttnRes run 1): one row a step in 4096-wide tiles, 8 warps; 16
+        # warps where there are fewer rows than resident programs (1 token: 9.5 us against 46 with 8).
+        block_d = min(next_pow2(dim), CUDA_MERGE_FWD_TILE)
+        slots = target.vector_cores * target.resident
+        return MergePlan(1, block_d, target.grid_size(tokens, persistent=True),
+                         cuda_warps(4 * block_d) if hint < slots else min(8, cuda_warps(block_d)))
+    if cuda:
         largest = max(min_row, min(largest, CUDA_MERGE_TILE_ELEMENTS))
     block_d = max(min(next_pow2(dim), largest), min_row)
-    hint = max(1, size_hint(tokens))
     block_t = max(1, min(prev_pow2(max(1, largest // block_d)), next_pow2(hint)))
     if not target.interpreted:
         slots = target.vector_cores * target.resident
         block_t = max(1, min(block_t, prev_pow2(max(1, hint // slots))))
     blocks = -(-tokens // block_t)
     grid = target.grid_size(blocks, persistent=True)
-    cuda = target.vendor == "cuda" and not target.interpreted
     return MergePlan(block_t, block_d, grid, cuda_warps(block_t * block_d) if cuda else CUDA_NUM_WARPS)
+
+
+# The tensor-core forward (attn_res_multi_fwd_dot_kernel). Its dots want >= 16 rows and columns. Measured on
+# the H200 (bench/NOTES.md, Block AttnRes run 1; bench/experiments/multi_dot_variants.py): 4 tokens a step,
+# logit and output tiles 128 wide with >= 32 query slots, else 64 (8 tokens a step is faster at some shapes
+# and 1.6x slower at others: a register cliff).
+DOT_MIN = 16
+
+
+def _dot_plan(target: Target, tokens: int, hint: int, sources: int, queries: int, dim: int, block_t: int,
+              block_d: int) -> MultiPlan:
+    block_m = max(DOT_MIN, next_pow2(queries))
+    block_n = max(DOT_MIN, next_pow2(sources))
+    slots = target.vector_cores * target.resident
+    block_t = block_t or 4
+    block_d = min(next_pow2(dim), block_d or (128 if block_m >= 32 else 64))
+    block_d2 = min(next_pow2(dim), 128 if block_m >= 32 else 64)
+    d_tiles = -(-dim // block_d2)
+    blocks = -(-hint // block_t)
+    splits = max(1, min(d_tiles, slots // blocks)) if blocks < slots else 1
+    per_split = -(-d_tiles // splits)
+    splits = -(-d_tiles // per_split)
+    token_programs = target.grid_size(-(-tokens // block_t), persistent=True)
+    return MultiPlan(block_m, block_n, block_d, splits, per_split * block_d2, token_programs * splits,
+                     CUDA_NUM_WARPS, block_t, True, 2, block_d2)

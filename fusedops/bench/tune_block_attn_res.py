@@ -1,0 +1,137 @@
+"""Sweep Block AttnRes launch plans on a GPU (not part of `python -m fusedops.bench`): times
+attn_res_multi's forward (the tensor-core kernel's configurations against the planner's choice and the
+CUDA-core kernel) and attn_res_merge's forward, each configuration checked against the planner's result.
+
+    python -m fusedops.bench.tune_block_attn_res [multi] [merge]   (TUNE_S: seconds before it stops, 400)
+
+Prints, per case, every configuration's time and % of the copy bandwidth (bytes as the block bench counts
+them), best first."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import sys
+import time
+
+import torch
+import triton.testing
+from torch._library.triton import set_wrap_triton_enabled
+
+from fusedops.bench.common import measure_ceiling
+from fusedops.block_attn_res.op import _merge_forward, _multi_forward
+from fusedops.block_attn_res.plan import merge_plan, multi_plan
+from fusedops.targets import cuda_target
+
+EPS = 1e-6
+# (N, M, tokens, D)
+MULTI_CASES = [(8, 24, 8192, 7168), (9, 6, 8192, 4096), (4, 16, 32768, 4096), (9, 24, 2048, 7168),
+               (9, 24, 512, 7168), (9, 24, 64, 7168), (9, 24, 8, 7168), (9, 24, 1, 7168)]
+MERGE_CASES = [(8192, 7168), (2048, 4096), (32768, 4096), (1, 7168)]
+DEADLINE = time.monotonic() + float(os.environ.get("TUNE_S", "400"))
+
+
+def _time(fn) -> float:
+    return triton.testing.do_bench(fn, warmup=5, rep=30)
+
+
+def _report(case, nbytes, ceiling, results) -> None:
+    print(f"case {case}:", flush=True)
+    for ms, name, err in sorted(results):
+        pct = 100 * nbytes / (ms * 1e-3) / (ceiling * 1e12)
+        print(f"  {ms:9.4f} ms {pct:6.1f}% of copy  max|diff| {err:.3g}  {name}", flush=True)
+
+
+def _programs(plan, sms: int, per_sm: int):
+    token_programs = plan.grid // plan.splits
+    return dataclasses.replace(plan, grid=min(token_programs, sms * per_sm) * plan.splits)
+
+
+def sweep_multi(target, ceiling: float) -> None:
+    dev = torch.device("cuda")
+    for case in MULTI_CASES:
+        if time.monotonic() > DEADLINE:
+            print("out of time", flush=True)
+            return
+        n, m, tokens, dim = case
+        bank = torch.randn(tokens, n + 2, dim, device=dev, dtype=torch.bfloat16)
+        values = bank[:, :n].movedim(1, 0)
+        queries = 0.05 * torch.randn(m, dim, device=dev)
+        nbytes = (n + m) * tokens * dim * 2 + m * tokens * 4
+        planned = multi_plan(target, tokens, n, m, dim, 2)
+        ref = _multi_forward(values, queries, EPS, target, planned)[0].float()
+        old = multi_plan(target, tokens, n, m, dim, 2, dot=False)
+        candidates = {"planner " + str(planned): planned, "cuda-core " + str(old): old}
+        for bt, bd, warps in itertools.product((1, 2, 4), (32, 64, 128), (4, 8)):
+            p = multi_plan(target, tokens, n, m, dim, 2, tile_t=bt, tile_d=bd)
+            for stages, per_sm in ((2, 4), (1, 4), (3, 4), (2, 2), (2, 8)):
+                c = _programs(dataclasses.replace(p, num_warps=warps, num_stages=stages), target.vector_cores, per_sm)
+                candidates[f"bt{bt} bd{bd} w{warps} s{stages} {per_sm}/SM splits{c.splits}"] = c
+        results = []
+        for name, plan in candidates.items():
+            if time.monotonic() > DEADLINE:
+                break
+            try:
+                out = _multi_forward(values, queries, EPS, target, plan)[0]
+                err = (out.float() - ref).abs().max().item()
+                results.append((_time(lambda: _multi_forward(values, queries, EPS, target, plan)), name, err))
+            except Exception as e:  # noqa: BLE001 - a configuration that fails to compile is reported, not fatal
+                print(f"  {name}: {type(e).__name__}: {str(e)[:120]}", flush=True)
+        _report(case, nbytes, ceiling, results)
+        del bank, values
+
+
+def sweep_merge(target, ceiling: float) -> None:
+    dev = torch.device("cuda")
+    for case in MERGE_CASES:
+        if time.monotonic() > DEADLINE:
+            print("out of time", flush=True)
+            return
+        tokens, dim = case
+        out, partial, addend = (torch.randn(tokens, dim, device=dev, dtype=torch.bfloat16) for _ in range(3))
+        lse = torch.randn(tokens, device=dev)
+        query = 0.05 * torch.randn(dim, device=dev)
+        gain = torch.rand(dim, device=dev) + 0.5
+        nbytes = 5 * tokens * dim * 2 + tokens * 4
+
+        def run(plan):
+            return _merge_forward(out, lse, partial, query, addend, None, gain, EPS, EPS, target, plan)
+
+        planned = merge_plan(target, tokens, dim, 2)
+        ref = run(planned)[0].float()
+        candidates = {"planner " + str(planned): planned}
+        for bt, bd, warps in itertools.product((1, 2, 4, 8), (1024, 2048, 4096, 8192), (4, 8, 16)):
+            if bt * bd > 16384 or bt > max(1, tokens):
+                continue
+            blocks = -(-tokens // bt)
+            for per_sm in (2, 4, 8):
+                grid = max(1, min(blocks, target.vector_cores * per_sm))
+                candidates[f"bt{bt} bd{bd} w{warps} {per_sm}/SM"] = dataclasses.replace(
+                    planned, block_t=bt, block_d=bd, num_warps=warps, grid=grid)
+        results = []
+        for name, plan in candidates.items():
+            if time.monotonic() > DEADLINE:
+                break
+            try:
+                err = (run(plan)[0].float() - ref).abs().max().item()
+                results.append((_time(lambda: run(plan)), name, err))
+            except Exception as e:  # noqa: BLE001
+                print(f"  {name}: {type(e).__name__}: {str(e)[:120]}", flush=True)
+        _report(case, nbytes, ceiling, results)
+
+
+def main() -> None:
+    parts = sys.argv[1:] or ["multi", "merge"]
+    target = cuda_target(torch.device("cuda"))
+    ceiling = measure_ceiling(torch.device("cuda"))
+    print(f"{torch.cuda.get_device_name()}: copy {ceiling:.2f} TB/s, {target.vector_cores} SMs, arch {target.arch}",
+          flush=True)
+    # Launch directly, as the op does (outside a triton_op body wrap_triton costs ~1 ms of host time a launch).
+    with set_wrap_triton_enabled(False), torch.no_grad():
+        for part in parts:
+            {"multi": sweep_multi, "merge": sweep_merge}[part](target, ceiling)
+
+
+if __name__ == "__main__":
+    main()
