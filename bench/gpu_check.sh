@@ -8,6 +8,8 @@
 # the attn_res backward with its partial sums stashed in grad_values or in their own buffer,
 # embtune = embedding backward-kernel variants, natune = fusedops.bench.tune_neighborhood_attention,
 # breakdown = fusedops.bench.breakdown (device time per kernel of a fwd+bwd step),
+# block = fusedops.bench.block_attn_res (PARTS, default all four),
+# grid = fusedops.bench.attn_res_grid (issue 31's attn_res shape grid, GRID_S; JSON and heatmaps into $OUT),
 # tests = the GPU tests, aoti = the AOTInductor package test (3.5-5 min of compiling), lm = the example model,
 # bench = python -m fusedops.bench.
 set -u
@@ -37,6 +39,10 @@ for step in ${STEPS:-tests bench}; do
     depthfwd)
       timeout "${TUNE_S:-150}" python3 -m fusedops.bench.tune_attn_res depth-fwd > "$OUT/depthfwd.txt" 2>&1
       echo "depthfwd (exit $?):"; sed -n '/^case |/,$p' "$OUT/depthfwd.txt" ;;
+    block)
+      timeout "${BLOCK_S:-300}" python3 -m fusedops.bench.block_attn_res --parts ${PARTS:-block decode merge multi} \
+        > "$OUT/block.txt" 2> "$OUT/block_progress.txt"
+      echo "block (exit $?):"; cat "$OUT/block.txt" ;;
     embtune)
       timeout "${EMBTUNE_S:-150}" python3 -c "from fusedops.bench.embedding import sweep_bwd; sweep_bwd()" > "$OUT/embtune.txt" 2>&1
       echo "embtune (exit $?):"; cat "$OUT/embtune.txt" ;;
@@ -46,6 +52,13 @@ for step in ${STEPS:-tests bench}; do
     natune)
       timeout "${NATUNE_S:-150}" python3 -m fusedops.bench.tune_neighborhood_attention > "$OUT/natune.txt" 2>&1
       echo "natune (exit $?):"; cat "$OUT/natune.txt" ;;
+    grid)
+      # --max-seconds a minute short of the timeout: the summary and the heatmaps of what was measured still come
+      timeout "${GRID_S:-420}" python3 -m fusedops.bench.attn_res_grid --device cuda --out "$OUT" \
+        --max-seconds $(( ${GRID_S:-420} - 60 )) > "$OUT/grid.txt" 2>&1
+      echo "grid (exit $?):"
+      if grep -q "^attn_res grid summary" "$OUT/grid.txt"; then sed -n '/^attn_res grid summary/,$p' "$OUT/grid.txt"
+      else grep -E " ms" "$OUT/grid.txt" | tail -n 40; fi ;;
     tests)
       tests=()
       for op in ${OPS:-attn_res embedding neighborhood_attention}; do tests+=("fusedops_tests/test_$op.py"); done

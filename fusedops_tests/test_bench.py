@@ -249,3 +249,47 @@ def test_alternated_rows_take_turns_and_report_medians():
     rows = alternated_rows(Clock(), "op", "case", "fwd", {"fusedops": a, "flex": broken}, flops=1.0, rounds=2)
     assert [r["provider"] for r in rows] == ["fusedops (alternating)", "flex (alternating)"]
     assert all("boom" in r["error"] for r in rows)
+
+
+# ---- the attn_res shape grid (issue #31) ---------------------------------------------------------------
+
+
+def test_attn_res_grid_covers_every_axis_and_runs_quick_on_cpu(tmp_path, monkeypatch, capsys):
+    """The grid holds every value of every axis under the input cap, the walk's first 60 plus 12 drawn with a
+    fixed seed; `--quick --device cpu` runs tiny shapes through the reference path, writes every row with its
+    ratio to fusedops, and prints the summary with the issue's targets; --sizes that select nothing exit 2."""
+    from fusedops.bench import attn_res_grid as grid
+
+    monkeypatch.delenv("FUSEDOPS_INTERPRET", raising=False)  # the reference path, not the interpreter
+    shapes, skipped = grid.grid()
+    assert len(shapes) == len(set(shapes)) == 72 and shapes == grid.grid()[0]
+    assert all(n * t * d * 2 <= 16e9 for n, t, d in shapes) and all(n * t * d * 2 > 16e9 for n, t, d in skipped)
+    for axis, values in enumerate((grid.NS, grid.TOKENS, grid.DS)):
+        assert {s[axis] for s in shapes[:60]} == set(values)
+    assert grid.kind(grid.mode_bytes((8, 8192, 4096), 2)["fwd"]) == "throughput"
+    assert grid.kind(grid.mode_bytes((8, 8, 4096), 2)["fwd+bwd"]) == "latency"
+
+    assert grid.main(["--quick", "--device", "cpu", "--no-plots", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    (path,) = tmp_path.glob("attn_res_grid-cpu-*.json")
+    data = json.loads(path.read_text())
+    fused = [r for r in data["rows"] if r["provider"] == "fusedops"]
+    assert len(fused) == 2 * data["meta"]["shapes_measured"] == 6
+    assert all(r["ms"] > 0 and r["ratio"] == 1.0 and not r.get("error") and r["kind"] for r in fused), fused
+    assert not any("pct_ceiling" in r or "replay_us" in r for r in data["rows"])
+    assert out.startswith("attn_res grid summary: 3 of 3 shapes") and "indicative only" in out
+    assert ">= 88 every, median >= 92" in out and ">= 75 every, median >= 80" in out
+
+    assert grid.main(["--device", "cpu", "--sizes", "no-such-shape", "--out", str(tmp_path)]) == 2
+    assert "selects no shape on cpu" in capsys.readouterr().err
+
+
+def test_attn_res_grid_heatmaps(tmp_path):
+    pytest.importorskip("matplotlib")
+    from fusedops.bench import attn_res_grid as grid
+
+    rows = [dict(N=8, tokens=t, D=4096, provider=p, mode=m, kind="throughput", ms=1.0, pct_ceiling=pct, ratio=ratio)
+            for t, pct in ((8192, 90.0), (32768, 85.0)) for m in grid.MODES
+            for p, ratio in (("fusedops", 1.0), ("fla", 1.3), ("liger", 0.9))]
+    paths = grid.heatmaps(rows, tmp_path, "t", "title")
+    assert [p.name for p in paths] == ["t-copy.png", "t-vs-baseline.png"] and all(p.stat().st_size for p in paths)

@@ -23,6 +23,18 @@ def eager(values, query, norm_weight, eps=1e-6):
     return (alpha.unsqueeze(-1) * values.float()).sum(0).to(values.dtype)
 
 
+def liger(v, q, w):
+    """Liger-Kernel's LigerAttnResFunction; MissingBaseline when it does not import."""
+    mod = optional_import("liger_kernel.ops.attn_res")
+    return mod.LigerAttnResFunction.apply(v, q, w, 1e-6)
+
+
+def fla(v, q, w):
+    """fla-core's fused_attnres over the N sources as a list; MissingBaseline when it does not import."""
+    mod = optional_import("fla.ops.attnres")
+    return mod.fused_attnres(q, list(v.unbind(0)), w, rms_eps=1e-6)
+
+
 def providers():
     import fusedops
 
@@ -30,17 +42,7 @@ def providers():
     yield "eager", eager
     compiled = torch.compile(eager, dynamic=False)
     yield "torch.compile", compiled
-
-    def liger(v, q, w):
-        mod = optional_import("liger_kernel.ops.attn_res")
-        return mod.LigerAttnResFunction.apply(v, q, w, 1e-6)
-
     yield "liger", liger
-
-    def fla(v, q, w):
-        mod = optional_import("fla.ops.attnres")
-        return mod.fused_attnres(q, list(v.unbind(0)), w, rms_eps=1e-6)
-
     yield "fla", fla
 
 

@@ -26,7 +26,8 @@ import sys
 
 import torch
 
-from fusedops.bench.common import DTYPES, Context, detect_device, measure, measure_ceiling, optional_import
+from fusedops.bench.common import (DTYPES, Context, cuda_graph, detect_device, measure, measure_ceiling,
+                                   optional_import)
 
 OP = "block_attn_res"
 # (N, M, tokens, D)
@@ -149,12 +150,14 @@ def _block_fns(ctx: Context, case):
     try:
         mod = optional_import("fla.ops.attnres")
 
+        ones = torch.ones(dim, device=ctx.device)  # the queries already hold the key-norm gains
+
         def fla():
             srcs = list(values.unbind(0))
             p = start.clone()
             for l in range(m):
                 p = p + addend
-                y = _rms_norm(mod.fused_attnres(queries[l], srcs + [p], None, rms_eps=EPS), gain_t)
+                y = mod.fused_attnres(queries[l], srcs + [p], ones, output_rms_weight=gain_t, rms_eps=EPS)
             return y
     except Exception:  # noqa: BLE001 - optional baseline
         fla = None
@@ -171,11 +174,11 @@ def run_block(ctx: Context, cases, part: str = "block") -> list[dict]:
         per = m if part == "decode" else 1
         with torch.no_grad():
             for name, fn in (("fusedops (phase 1 + M merges)", fused), ("M x fusedops.attn_res + rms_norm + add",
-                                                                      single), ("fla fused_attnres + add", fla)):
+                                                                      single), ("fla fused_attnres (output norm) + add", fla)):
                 if fn is None:
                     continue
                 if part == "decode" and ctx.device.type == "cuda":
-                    fn = _graphed(fn)
+                    fn = cuda_graph(fn)
                     name += " (CUDA graph)"
                 r = measure(ctx, OP, (part,) + case, name, "fwd", fn, nbytes=floor, memory=part != "decode")
                 if r.get("ms") is not None and per > 1:
@@ -183,20 +186,6 @@ def run_block(ctx: Context, cases, part: str = "block") -> list[dict]:
                 rows.append(r)
         ctx.empty_cache()
     return rows
-
-
-def _graphed(fn):
-    """fn captured once in a CUDA graph (fusedops never syncs the host), as a replay callable."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    stream.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        fn()
-    return graph.replay
 
 
 def run(ctx: Context, parts=PARTS) -> list[dict]:
@@ -225,11 +214,15 @@ def main(argv=None) -> int:
     ctx = Context(device=device, dtype=dtype, quick=args.quick, sizes=args.sizes)
     if device.type != "cpu":
         ctx.ceiling_tbps = measure_ceiling(device, args.quick)
-    rows = run(ctx, args.parts)
-    for r in rows:
-        extra = "".join(f" {k}={r[k]:.4g}" for k in ("tbps", "pct_ceiling", "us_per_sublayer") if r.get(k) is not None)
-        status = f"{r['ms']:.4g} ms" if r.get("ms") is not None else f"ERROR {r.get('error')}"
-        print(f"{r['case']:>24}  {r['provider']:<44} {status}{extra}")
+    rows = []
+    for part in args.parts:  # printed part by part, so a run cut by a time limit keeps what it measured
+        part_rows = run(ctx, [part])
+        for r in part_rows:
+            extra = "".join(f" {k}={r[k]:.4g}" for k in ("tbps", "pct_ceiling", "us_per_sublayer")
+                            if r.get(k) is not None)
+            status = f"{r['ms']:.4g} ms" if r.get("ms") is not None else f"ERROR {r.get('error')}"
+            print(f"{r['case']:>24}  {r['provider']:<44} {status}{extra}", flush=True)
+        rows += part_rows
     return 1 if any(r.get("error") and not r.get("missing") for r in rows) else 0
 
 

@@ -324,21 +324,38 @@ def cuda_graph_step(forward: Callable[..., torch.Tensor], inputs: Sequence[torch
     loop under CUDA graphs runs it. Fresh leaves, warm-up (which compiles and caches every kernel) and
     capture all on one side stream, so that no autograd node is tied to another stream. Only for
     providers known not to sync the host."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
+    stream = _side_stream()
     with torch.cuda.stream(stream):
         leaves = [t.detach().clone().requires_grad_() for t in inputs]
         grad_out = torch.randn_like(forward(*leaves))
 
-        def step():
-            return torch.autograd.grad(forward(*leaves), leaves, grad_out)
+    def step():
+        return torch.autograd.grad(forward(*leaves), leaves, grad_out)
 
+    return _capture(step, stream, warmup)
+
+
+def cuda_graph(fn: Callable[[], Any], warmup: int = 3) -> Callable[[], None]:
+    """fn (e.g. a forward under no_grad) captured once in a CUDA graph, warmed up and captured on one side
+    stream, as a callable that replays it. Only for callables known not to sync the host."""
+    return _capture(fn, _side_stream(), warmup)
+
+
+def _side_stream():
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    return stream
+
+
+def _capture(fn: Callable[[], Any], stream, warmup: int) -> Callable[[], None]:
+    """fn warmed up (kernels compiled and cached) and captured on `stream`, as graph.replay."""
+    with torch.cuda.stream(stream):
         for _ in range(warmup):
-            step()
+            fn()
     stream.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
-        step()
+        fn()
     return graph.replay
 
 
