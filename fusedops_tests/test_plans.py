@@ -349,6 +349,17 @@ def test_tuner_smoke_writes_rows(tmp_path, monkeypatch, capsys):
         tune.main(["neighborhood_attention", "--device", "cpu", "--write"])
 
 
+def test_tuner_replaces_a_row_only_for_a_clear_win():
+    """A candidate replaces the table's row only when its median beats the row's by the margin (timing drift
+    between candidates is larger than the differences it would otherwise rank); a failed row gives way."""
+    from fusedops.bench.tune import MARGIN, choose
+
+    row, other = {"num_warps": 4}, {"num_warps": 8}
+    assert choose([(1.0, row), (1.0 - MARGIN / 2, other)], row) == (1.0, row)
+    assert choose([(1.0, row), (1.0 - 2 * MARGIN, other)], row) == (1.0 - 2 * MARGIN, other)
+    assert choose([(1.0, other)], row) == (1.0, other)
+
+
 def test_keyword_launches_take_the_cached_fast_path(monkeypatch):
     """launch() by name binds the arguments to positions and then runs the same CUDA launch cache as before: the
     first launch compiles, the next ones call the compiled launcher positionally (stand-ins for Triton and the
