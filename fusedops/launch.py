@@ -36,16 +36,8 @@ except ImportError:  # pragma: no cover - a Triton without the interpreter (trit
     class _InterpretedFunction:  # noqa: N801 - never instantiated: isinstance() is always False
         pass
 
-try:  # Triton >= 3.4; older ones (triton-ascend 3.2) launch through the runner
-    from triton import knobs as _knobs
-except ImportError:  # pragma: no cover
-    _knobs = None
-
-try:
-    from torch._library.triton import is_wrap_triton_enabled
-except ImportError:  # pragma: no cover - torch < 2.6 always traces through wrap_triton
-    def is_wrap_triton_enabled() -> bool:
-        return True
+from fusedops import internals
+from fusedops.internals import is_wrap_triton_enabled
 
 _CACHE: dict[tuple, "_Compiled"] = {}
 _CACHE_LIMIT = 4096
@@ -62,24 +54,16 @@ class _Compiled:
     def __init__(self, kernel, grid3: tuple, compiled, constexprs: tuple):
         self.kernel, self.grid, self.constexprs = kernel, grid3, constexprs
         self.runner = compiled[grid3]  # also loads the module (the function handle) once
-        direct = _knobs is not None and all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata"))
-        self.run = compiled.run if direct else None
-        self.function = compiled.function if direct else None
-        self.metadata = compiled.packed_metadata if direct else None
+        self.run, self.function, self.metadata = internals.launcher_of(compiled) or (None, None, None)
 
     def __call__(self, device: int, pointers: list, scalars: tuple) -> None:
-        if self.run is None or _hooks_set():
+        if self.run is None or internals.launch_hooks_set():
             self.runner(*pointers, *scalars, *self.constexprs)
             return
         gx, gy, gz = self.grid
         # What the runner passes, less the launch metadata only hooks read, and its look-ups.
-        self.run(gx, gy, gz, torch._C._cuda_getCurrentRawStream(device), self.function, self.metadata,
+        self.run(gx, gy, gz, internals.raw_stream(device), self.function, self.metadata,
                  None, None, None, *pointers, *scalars, *self.constexprs)
-
-
-def _hooks_set() -> bool:
-    runtime = _knobs.runtime
-    return any(getattr(h, "calls", h) for h in (runtime.launch_enter_hook, runtime.launch_exit_hook))
 
 
 def device_switch(t: torch.Tensor) -> contextlib.AbstractContextManager:
@@ -192,6 +176,11 @@ def _interpreter_turn(t: torch.Tensor) -> contextlib.AbstractContextManager:
 
 
 def _launch_cuda(kernel, grid, tensors, scalars, meta) -> None:
+    if not internals.CACHED_LAUNCHES:
+        check_meta(kernel, meta)
+        with device_switch(tensors[0]):
+            kernel[grid](*tensors, *scalars, **_debug_options(kernel, meta))
+        return
     device = tensors[0].get_device()
     pointers = [t.data_ptr() for t in tensors]
     # id(kernel), not the JITFunction (whose hash is a Python call); the entry's kernel is compared.
@@ -199,15 +188,14 @@ def _launch_cuda(kernel, grid, tensors, scalars, meta) -> None:
            tuple([p % 16 == 0 for p in pointers]))
     entry = _CACHE.get(key)
     if entry is not None and entry.kernel is kernel:
-        if torch._C._cuda_getDevice() == device:
+        if internals.current_cuda_device() == device:
             entry(device, pointers, scalars)
         else:
             with device_switch(tensors[0]):
                 entry(device, pointers, scalars)
         return
     check_meta(kernel, meta)
-    if getattr(kernel, "debug", False):  # debug mode for its device asserts, not for overflow checks
-        meta = {**meta, "sanitize_overflow": False}
+    meta = _debug_options(kernel, meta)
     with device_switch(tensors[0]):
         compiled = kernel[grid](*tensors, *scalars, **meta)
     # A compiled kernel's launcher takes every parameter positionally, constexprs included.
@@ -217,3 +205,8 @@ def _launch_cuda(kernel, grid, tensors, scalars, meta) -> None:
     if len(_CACHE) >= _CACHE_LIMIT:
         _CACHE.clear()
     _CACHE[key] = _Compiled(kernel, tuple(grid) + (1,) * (3 - len(grid)), compiled, tuple(meta[n] for n in names))
+
+
+def _debug_options(kernel, meta: dict) -> dict:
+    """A kernel in debug mode (for its device asserts) launches without Triton's overflow checks."""
+    return {**meta, "sanitize_overflow": False} if getattr(kernel, "debug", False) else meta

@@ -20,10 +20,8 @@ from typing import Callable
 import torch
 from torch.library import triton_op
 
-try:  # torch >= 2.6: launch wrap_triton kernels directly instead of through the tracing HOP
-    from torch._library.triton import set_wrap_triton_enabled
-except ImportError:  # pragma: no cover
-    set_wrap_triton_enabled = None
+from fusedops import internals
+from fusedops.internals import set_wrap_triton_enabled
 
 NAMESPACE = "fusedops"
 
@@ -65,7 +63,7 @@ def register_npu_kernels() -> list[str]:
     register theirs when they are defined. Needs the PrivateUse1 backend to be named "npu" (torch_npu
     does this on import). Returns the names of the ops registered."""
     global _npu_enabled
-    backend = torch._C._get_privateuse1_backend_name()
+    backend = internals.privateuse1_backend_name()
     if backend != "npu":
         raise RuntimeError(
             f'fusedops registers its Ascend kernels for the "npu" device, but the PrivateUse1 backend is '
@@ -81,8 +79,7 @@ def opaque_triton_ops():
     """A context in which torch.compile and torch.export keep fusedops ops as single graph nodes
     instead of tracing into their kernels. Needed on CPU under the Triton interpreter, whose kernels
     cannot be traced; a no-op on torch builds without the flag."""
-    import torch._functorch.config as functorch_config
-
+    functorch_config = internals.functorch_config()
     if hasattr(functorch_config, "decompose_custom_triton_ops"):
         return functorch_config.patch(decompose_custom_triton_ops=False)
     return contextlib.nullcontext()
@@ -95,12 +92,9 @@ def direct_call_ok(*tensors) -> bool:
     """Whether an eager call may run an op's implementation directly rather than through torch.ops:
     not tracing (torch.compile, export), no torch function or dispatch mode (fake tensors, make_fx,
     FunctionalTensorMode), no functorch transform (vmap, grad), and every tensor a plain Tensor or
-    Parameter (no subclass). None entries are skipped."""
-    if set_wrap_triton_enabled is None or torch.compiler.is_compiling():
-        return False
-    if torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled():
-        return False
-    if torch._C._functorch.peek_interpreter_stack() is not None:
+    Parameter (no subclass). None entries are skipped. Always False with the direct calls off
+    (fusedops.internals: FUSEDOPS_FAST_PATH=0, or an internal they need is missing)."""
+    if not internals.DIRECT_CALLS or torch.compiler.is_compiling() or internals.modes_active():
         return False
     return all(t is None or type(t) in _PLAIN_TENSORS for t in tensors)
 

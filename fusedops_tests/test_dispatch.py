@@ -5,12 +5,16 @@ tracing, faking, transforming or holding a tensor subclass."""
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import fusedops
+from fusedops import internals
 from fusedops import launch as launch_mod
 from fusedops.registry import direct_call_ok
 
@@ -286,6 +290,43 @@ class _StandInTensor:
         return self.address
 
 
+FAST_PATH_OFF = """
+import torch, fusedops
+from fusedops import internals, registry
+off = internals.fast_path()
+assert off == {"direct calls": "FUSEDOPS_FAST_PATH=0", "cached launches": "FUSEDOPS_FAST_PATH=0"}, off
+values, query = torch.randn(3, 4, 6, requires_grad=True), torch.randn(6, requires_grad=True)
+assert not registry.direct_call_ok(values, query)
+calls, dispatched = [], torch.ops.fusedops.attn_res_with_lse
+torch.ops.fusedops.attn_res_with_lse = lambda *args: calls.append(1) or dispatched(*args)
+fusedops.attn_res(values, query).sum().backward()
+assert calls == [1], calls  # through the dispatcher (the direct path never calls torch.ops)
+weight = torch.randn(10, 3, requires_grad=True)
+fusedops.embedding(torch.tensor([1, 2, 2]), weight).sum().backward()
+assert values.grad is not None and weight.grad[2].eq(2).all()
+print("ok")
+"""
+
+
+def test_fast_path_switch_and_probe(monkeypatch):
+    """FUSEDOPS_FAST_PATH=0 turns the direct calls and the cached launches off (fusedops.internals.fast_path()
+    says why) and every op still runs, through torch.ops; another value is refused at import; an internal that
+    a part needs and cannot find turns that part off, naming it."""
+    env = dict(os.environ, FUSEDOPS_FAST_PATH="0")
+    if env.get("TRITON_INTERPRET") == "1":
+        env["FUSEDOPS_INTERPRET"] = "cuda"  # the kernels, launched through torch.ops
+    done = subprocess.run([sys.executable, "-c", FAST_PATH_OFF], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
+    env["FUSEDOPS_FAST_PATH"] = "maybe"
+    done = subprocess.run([sys.executable, "-c", "import fusedops"], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode != 0 and "FUSEDOPS_FAST_PATH must be 0 or 1" in done.stderr
+    monkeypatch.delenv("FUSEDOPS_FAST_PATH", raising=False)
+    assert internals._probe("a part", ("torch.cat",))
+    assert not internals._probe("a part", ("torch._C._no_such_internal", "torch.cat"))
+    assert internals._REASONS["a part"] == "not found: torch._C._no_such_internal"
+
+
 def test_launch_cache_hands_pointers_and_options_to_the_compiled_launcher(monkeypatch):
     """The CUDA launch cache (stand-ins for Triton and the device here; the real launches are checked
     bitwise in test_gpu_cached_launches_match_first_launch_bitwise): the first launch compiles through
@@ -293,8 +334,9 @@ def test_launch_cache_hands_pointers_and_options_to_the_compiled_launcher(monkey
     current stream, the function handle, the packed metadata, no launch metadata or hooks, then every
     parameter, constexprs included, pointers as integers); a new alignment or scalar compiles again;
     while a launch hook is set, launches go through the runner so the hook sees them."""
-    if launch_mod._knobs is None:
+    if internals._knobs is None:
         pytest.skip("this Triton has no knobs module: launches go through the runner")
+    monkeypatch.setattr(internals, "CACHED_LAUNCHES", True)  # a CPU torch has no CUDA stream functions
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1234, raising=False)
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
     monkeypatch.setattr(launch_mod, "_CACHE", {})
@@ -312,11 +354,11 @@ def test_launch_cache_hands_pointers_and_options_to_the_compiled_launcher(monkey
     launch_mod._launch_cuda(kernel, (3,), (x, _StandInTensor(8192, torch.float16)), (10,), {"BLOCK": 64, "num_warps": 4})
     assert len(kernel.compiles) == 5 and len(kernel.launches) == 1
     hook = lambda metadata: None  # noqa: E731
-    launch_mod._knobs.runtime.launch_enter_hook.add(hook)
+    internals._knobs.runtime.launch_enter_hook.add(hook)
     try:
         launch_mod._launch_cuda(kernel, (3,), (x, out), (10,), {"BLOCK": 64, "num_warps": 4})
     finally:
-        launch_mod._knobs.runtime.launch_enter_hook.remove(hook)
+        internals._knobs.runtime.launch_enter_hook.remove(hook)
     assert kernel.runs == [((3, 1, 1), (4096, 8192, 10, 64))] and len(kernel.launches) == 1
 
 

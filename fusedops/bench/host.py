@@ -83,7 +83,7 @@ def step_of(fn, inputs):
 
 
 def launch_costs():
-    from torch._library.triton import set_wrap_triton_enabled
+    from fusedops.internals import set_wrap_triton_enabled
 
     from fusedops.launch import launch
     from fusedops.neighborhood_attention import op as na
@@ -127,7 +127,7 @@ def embedding_backward_pieces(v: int = 151936, d: int = 4096, tokens: int = 1638
         .scatter_add_(0, idx + 1, ones).cumsum(0),
         "backward op (all)": lambda: emb._backward(g, idx, v, -1, False, target),
     }
-    from torch._library.triton import set_wrap_triton_enabled
+    from fusedops.internals import set_wrap_triton_enabled
 
     with set_wrap_triton_enabled(False):
         for name, fn in pieces.items():

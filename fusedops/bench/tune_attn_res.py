@@ -19,7 +19,7 @@ import sys
 
 import torch
 import triton.testing
-from torch._library.triton import set_wrap_triton_enabled
+from fusedops.internals import set_wrap_triton_enabled
 
 import fusedops
 from fusedops.attn_res import kernels as attn_res_kernels

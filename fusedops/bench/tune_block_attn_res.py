@@ -17,7 +17,7 @@ import time
 
 import torch
 import triton.testing
-from torch._library.triton import set_wrap_triton_enabled
+from fusedops.internals import set_wrap_triton_enabled
 
 from fusedops.bench.common import measure_ceiling
 from fusedops.block_attn_res.op import _merge_forward, _multi_forward

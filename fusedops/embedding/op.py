@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-from torch._subclasses.fake_tensor import is_fake
 from torch import Tensor
 
+from fusedops import internals
 from fusedops.launch import launch
 from fusedops.numerics import accumulate_dtype
 from fusedops.registry import backward_direct_ok, call_direct, direct_autograd, direct_call_ok, fused_op
@@ -86,7 +86,7 @@ def check_cpu_indices(indices: Tensor, num_weights: int) -> None:
     export, an assert inside the graph, so the compiled graph refuses a bad index too."""
     if indices.device.type != "cpu":
         return
-    if is_fake(indices):
+    if internals.fake_tensor(indices):
         in_range = ((indices >= 0) & (indices < num_weights)).all()
         torch._assert_async(in_range, f"fusedops.embedding: indices outside the weight's rows [0, {num_weights})")
     else:
