@@ -420,6 +420,7 @@ def _bodies():
     """Each op body on the H100 plan, with inputs whose dims are all traced as symbols: (name, fn, inputs,
     the (input, dim) pairs a plan may specialise on: feature and head dims, model constants)."""
     from fusedops.attn_res import op as ar
+    from fusedops.block_attn_res import op as br
     from fusedops.embedding import op as em
     from fusedops.neighborhood_attention import op as na
 
@@ -446,6 +447,11 @@ def _bodies():
          {(0, 4), (1, 4), (2, 4)}),
         ("neighborhood_attention_backward", lambda g, q, k, v, o, l: na._backward(g, None, q, k, v, o, l, *na_args),
          (qkv[3], *qkv[:3], qkv[3], torch.randn(2, 4, 100)), {(0, 3), (1, 3), (2, 3), (3, 3), (4, 3)}),
+        # the queries (M pseudo-queries of a block) are a model constant; the depth N is not
+        ("attn_res_multi", lambda v, qs: br._multi_forward(v, qs, 1e-6, H100), (v, torch.randn(6, 256)),
+         {(0, 3), (1, 0), (1, 1)}),
+        ("attn_res_merge", lambda o, l, p, a, q, g: br._merge_forward(o, l, p, q, a, None, g, 1e-6, 1e-6, H100),
+         (out, lse, go, out.clone(), q, w), {(0, 2), (2, 2), (3, 2), (4, 0), (5, 0)}),
     ]
 
 
@@ -485,7 +491,7 @@ def test_plans_do_not_specialise_on_token_or_spatial_sizes():
     proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(report) == 7
+    assert len(report) == 9
     for name, entry in report.items():
         assert entry["launches"] >= 1, f"{name}: no kernel in the trace"
         assert not entry["fixed"], f"{name}: a plan specialised a data size: {entry['fixed']}"

@@ -40,6 +40,16 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def pow2_at_least(n, floor: int) -> int:
+    """The smallest power of two >= n and >= floor, found by comparisons only: for a symbolic n (the depth N
+    under torch.compile with dynamic shapes) the trace then holds N within (block / 2, block] rather than at
+    one value, so a compiled graph serves every depth of its bucket."""
+    block = floor
+    while n > block:
+        block *= 2
+    return block
+
+
 def prev_pow2(n: int) -> int:
     return 1 << (max(1, n).bit_length() - 1)
 
@@ -70,7 +80,7 @@ def multi_plan(target: Target, tokens: int, sources: int, queries: int, dim: int
     are [grid, M, D])."""
     acc = 8 if elem_size == 8 else 4
     block_m = next_pow2(queries)
-    block_n = next_pow2(sources)
+    block_n = pow2_at_least(sources, 1)
     tiles = MULTI_BWD_TILES if backward else MULTI_FWD_TILES
     budget = max(1, target.onchip_bytes // (tiles * acc * block_m))
     min_row = max(1, target.row_align // elem_size)
@@ -148,7 +158,7 @@ DOT_MIN = 16
 def _dot_plan(target: Target, tokens: int, hint: int, sources: int, queries: int, dim: int, block_t: int,
               block_d: int) -> MultiPlan:
     block_m = max(DOT_MIN, next_pow2(queries))
-    block_n = max(DOT_MIN, next_pow2(sources))
+    block_n = pow2_at_least(sources, DOT_MIN)
     slots = target.vector_cores * target.resident
     block_t = block_t or 4
     block_d = min(next_pow2(dim), block_d or (128 if block_m >= 32 else 64))
