@@ -27,7 +27,8 @@ from pathlib import Path
 import torch
 
 from fusedops.bench import OPS
-from fusedops.bench.common import DTYPES, Context, case_name, detect_device, device_name, error_row, measure_ceiling
+from fusedops.bench.common import (DTYPES, Context, case_name, detect_device, device_name, error_row, measure_ceiling,
+                                   save_figure)
 
 PROG = "python -m fusedops.bench"
 # Where the package lives (site-packages, or the repository root): the parity subprocess imports the same fusedops.
@@ -296,12 +297,7 @@ def plot(rows: list[dict], out: Path, stem: str, title: str, cpu: bool = False) 
                 axes[1][j].set_ylabel(f"{metric[1]} (higher is better)")
                 if has_pct:
                     axes[1][j].axhline(100, color="k", lw=0.8, ls="--")
-        fig.suptitle(title, fontsize=9)
-        fig.tight_layout()
-        path = out / f"{stem}-{op}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths.append(path)
+        paths.append(save_figure(fig, title, out / f"{stem}-{op}.png"))
     return paths
 
 

@@ -51,7 +51,7 @@ import torch
 
 from fusedops.bench import attn_res
 from fusedops.bench.common import (DTYPES, Context, case_name, cuda_graph, cuda_graph_step, detect_device,
-                                   device_name, fwd_bwd_fns, measure, measure_ceiling)
+                                   device_name, fwd_bwd_fns, measure, measure_ceiling, save_figure)
 
 PROG = "python -m fusedops.bench.attn_res_grid"
 OP = "attn_res_grid"
@@ -265,12 +265,7 @@ def heatmaps(rows: list[dict], out: Path, stem: str, title: str) -> list[Path]:
             ax.set_xlabel("D")
             ax.set_ylabel("N (sources)")
             ax.set_title(f"{mode} (colour turns at {norm.vcenter:g})", fontsize=9)
-        fig.suptitle(f"{label}\n{title}", fontsize=9)
-        fig.tight_layout()
-        path = out / f"{stem}-{name}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths.append(path)
+        paths.append(save_figure(fig, f"{label}\n{title}", out / f"{stem}-{name}.png"))
     return paths
 
 

@@ -382,3 +382,14 @@ def fwd_bwd_fns(forward: Callable[[], torch.Tensor], inputs: Sequence[torch.Tens
         return torch.autograd.grad(forward(), req, grad_out)
 
     return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd_bwd}
+
+
+def save_figure(fig, title: str, path):
+    """fig with its title, laid out and written to path (PNG), then closed; returns path."""
+    import matplotlib.pyplot as plt
+
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
