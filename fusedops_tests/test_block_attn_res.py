@@ -230,6 +230,22 @@ def test_multi_with_one_query_is_attn_res(path):
     torch.testing.assert_close(lse[0], ref_lse, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize(("n", "m"), [(17, 3), (40, 33)])
+def test_multi_deep_and_wide_blocks(path, n, m):
+    """More sources and queries than the measured tensor-core tiles hold (the plan then takes fewer tokens a
+    step and narrower tiles): still each query's single-query AttnRes, in float32 and float16."""
+    gen = torch.Generator().manual_seed(7)
+    for dtype, tol in ((torch.float32, 2e-5), (torch.float16, 2e-3)):
+        values, queries = torch.randn(n, 5, 24, generator=gen).to(dtype), torch.randn(m, 24, generator=gen)
+        with execution_path(path):
+            out, lse = fusedops.attn_res_multi(values, queries, EPS)
+        for l in range(m):
+            ref, ref_lse = einsum_attn_res(values.double(), queries[l].double(), EPS)
+            torch.testing.assert_close(out[l].double(), ref, rtol=tol, atol=4 * tol)
+            torch.testing.assert_close(lse[l].double(), ref_lse, rtol=1e-5, atol=1e-5)
+
+
 def test_bank_is_read_in_place_and_lists_equal_stacked():
     """Kernels read the token-major bank (a strided view, a list of its slots) without a copy, and list, bank
     and stacked inputs give the same bits, for attn_res and attn_res_multi, forward and gradients."""

@@ -60,7 +60,7 @@ class MultiPlan:
     block_n: int  # >= N sources (the logits of a token are a [block_m, block_n] tile)
     block_d: int  # features per tile
     splits: int  # programs sharing one token (each writes D_CHUNK features): decode
-    d_chunk: int  # features per split, a multiple of block_d
+    d_chunk: int  # features per split, a multiple of block_d (of block_d2 in the tensor-core forward)
     grid: int  # programs launched: token programs x splits
     num_warps: int = CUDA_NUM_WARPS
     block_t: int = 1  # tokens a step (the tensor-core forward)
@@ -76,8 +76,8 @@ def multi_plan(target: Target, tokens: int, sources: int, queries: int, dim: int
     programs that run at once (decode: 1-512 tokens), so that one token's output rows are written by many
     programs; each re-derives the token's logits from all of D (a re-read from L2), the price of needing no
     cross-program reduction. On CUDA the forward of 16/32-bit values runs on tensor cores (_dot_plan; `dot`,
-    `tile_t` and `tile_d` (block_t, block_d) force the tuner's choices there). The backward is persistent, one program per core (its query-gradient partial rows
-    are [grid, M, D])."""
+    `tile_t` and `tile_d` (block_t, block_d) force the tuner's choices there). The backward is persistent,
+    one program per core (its query-gradient partial rows are [grid, M, D])."""
     acc = 8 if elem_size == 8 else 4
     block_m = next_pow2(queries)
     block_n = pow2_at_least(sources, 1)
@@ -148,11 +148,16 @@ def merge_plan(target: Target, tokens: int, dim: int, elem_size: int, *, backwar
     return MergePlan(block_t, block_d, grid, cuda_warps(block_t * block_d) if cuda else CUDA_NUM_WARPS)
 
 
-# The tensor-core forward (attn_res_multi_fwd_dot_kernel). Its dots want >= 16 rows and columns. Measured on
-# the H200 (bench/NOTES.md, Block AttnRes run 1; bench/experiments/multi_dot_variants.py): 4 tokens a step,
-# logit and output tiles 128 wide with >= 32 query slots, else 64 (8 tokens a step is faster at some shapes
-# and 1.6x slower at others: a register cliff).
+# The tensor-core forward (attn_res_multi_fwd_dot_kernel). Its dots want >= 16 rows, columns and depth (tiles
+# are masked). Measured on the H200 (bench/NOTES.md, Block AttnRes run 1; bench/experiments/
+# multi_dot_variants.py) at N <= 16, M <= 32: 4 tokens a step, logit and output tiles 128 wide with >= 32
+# query slots, else 64 (8 tokens a step is faster at some shapes and 1.6x slower at others: a register
+# cliff). Deeper or wider blocks keep the measured tile sizes: at most DOT_ROWS logit rows (tokens x source
+# slots), DOT_ROW_ELEMENTS elements in a [rows, BLOCK_D] tile and DOT_OUT_ELEMENTS in the output tile.
 DOT_MIN = 16
+DOT_ROWS = 64
+DOT_ROW_ELEMENTS = 8192
+DOT_OUT_ELEMENTS = 16384
 
 
 def _dot_plan(target: Target, tokens: int, hint: int, sources: int, queries: int, dim: int, block_t: int,
@@ -160,9 +165,15 @@ def _dot_plan(target: Target, tokens: int, hint: int, sources: int, queries: int
     block_m = max(DOT_MIN, next_pow2(queries))
     block_n = pow2_at_least(sources, DOT_MIN)
     slots = target.vector_cores * target.resident
-    block_t = block_t or 4
-    block_d = min(next_pow2(dim), block_d or (128 if block_m >= 32 else 64))
-    block_d2 = min(next_pow2(dim), 128 if block_m >= 32 else 64)
+    block_t = block_t or max(1, DOT_ROWS // block_n)
+    rows = block_t * block_n
+
+    def tile(wanted: int, cap: int) -> int:
+        return max(DOT_MIN, min(next_pow2(dim), wanted, prev_pow2(max(1, cap))))
+
+    block_d = tile(block_d or (128 if block_m >= 32 else 64), DOT_ROW_ELEMENTS // rows)
+    block_d2 = tile(128 if block_m >= 32 else 64,
+                    min(DOT_OUT_ELEMENTS // (block_t * block_m), DOT_ROW_ELEMENTS // rows))
     d_tiles = -(-dim // block_d2)
     blocks = -(-hint // block_t)
     splits = max(1, min(d_tiles, slots // blocks)) if blocks < slots else 1
