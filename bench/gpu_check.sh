@@ -61,7 +61,7 @@ for step in ${STEPS:-tests bench}; do
       else grep -E " ms" "$OUT/grid.txt" | tail -n 40; fi ;;
     tests)
       tests=()
-      for op in ${OPS:-attn_res embedding neighborhood_attention}; do tests+=("fusedops_tests/test_$op.py"); done
+      for op in ${OPS:-attn_res block_attn_res embedding neighborhood_attention hardening}; do tests+=("fusedops_tests/test_$op.py"); done
       tests+=("fusedops_tests/test_dispatch.py")
       timeout "${TEST_S:-200}" python3 -m pytest "${tests[@]}" -m gpu -q -p no:cacheprovider > "$OUT/gpu_tests.txt" 2>&1
       echo "gpu tests (exit $?):"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.txt" | tail -8 ;;
