@@ -107,18 +107,14 @@ def attn_res_multi_fwd_kernel(
 
 
 @triton.jit
-def _split_dot(a, b, acc, PARTS: tl.constexpr, SPLIT_A: tl.constexpr):
+def _split_dot(a, b, acc, SPLIT_A: tl.constexpr):
     """acc + a @ b on bfloat16 tensor cores, one operand bfloat16 and the other (a with SPLIT_A, else b)
-    float32, split into PARTS (2 or 3) bfloat16 terms, smallest first: each product is exact in the float32
-    sum, and 3 parts keep ~24 bits of the float32 operand, 2 parts ~16."""
+    float32, split into two bfloat16 terms, the smaller first: each product is exact in the float32 sum, and
+    the split keeps ~16 bits of the float32 operand."""
     f = a if SPLIT_A else b
     hi = f.to(tl.bfloat16)
-    rest = f - hi.to(tl.float32)
-    mid = rest.to(tl.bfloat16)
-    if PARTS == 3:
-        lo = (rest - mid.to(tl.float32)).to(tl.bfloat16)
-        acc = tl.dot(lo, b, acc) if SPLIT_A else tl.dot(a, lo, acc)
-    acc = tl.dot(mid, b, acc) if SPLIT_A else tl.dot(a, mid, acc)
+    lo = (f - hi.to(tl.float32)).to(tl.bfloat16)
+    acc = tl.dot(lo, b, acc) if SPLIT_A else tl.dot(a, lo, acc)
     return tl.dot(hi, b, acc) if SPLIT_A else tl.dot(a, hi, acc)
 
 
@@ -130,7 +126,7 @@ def attn_res_multi_fwd_dot_kernel(
     BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr, BF16: tl.constexpr,
 ):
     """attn_res_multi_fwd_kernel's result with the two contractions on tensor cores, for BLOCK_T tokens a step
-    (BLOCK_M, BLOCK_N >= 16; float32/float16/bfloat16 values).
+    (every dot dimension, BLOCK_M, BLOCK_N, BLOCK_D and BLOCK_D2, >= 16; float32/float16/bfloat16 values).
 
     Pass 1: the token block's rows (token-major, BLOCK_N source slots a token) times the query tile, [BLOCK_T *
     BLOCK_N, BLOCK_D] x [BLOCK_D, BLOCK_M], summed over D; each query tile is read once per BLOCK_T tokens.
@@ -170,7 +166,7 @@ def attn_res_multi_fwd_dot_kernel(
             xf = x.to(tl.float32)
             sq += tl.sum(xf * xf, axis=1)
             if BF16:
-                dot = _split_dot(x, tl.trans(q), dot, 2, False)
+                dot = _split_dot(x, tl.trans(q), dot, False)
             else:
                 dot = tl.dot(xf, tl.trans(q), dot, input_precision="tf32x3")
         rstd = tl.rsqrt(sq / D + eps)
@@ -193,7 +189,7 @@ def attn_res_multi_fwd_dot_kernel(
             x = tl.load(v_ptr + rows3[:, :, None] + d[None, None, :],
                         mask=rows_mask3[:, :, None] & d_mask[None, None, :], other=0.0)
             if BF16:
-                o = _split_dot(alpha, x, tl.zeros([BLOCK_T, BLOCK_M, BLOCK_D2], tl.float32), 2, True)
+                o = _split_dot(alpha, x, tl.zeros([BLOCK_T, BLOCK_M, BLOCK_D2], tl.float32), True)
             else:
                 o = tl.dot(alpha, x.to(tl.float32), input_precision="tf32x3")
             tl.store(out_ptr + out_rows + d[None, None, :], o.to(out_ptr.dtype.element_ty),
