@@ -148,7 +148,7 @@ def run_shape(ctx: Context, shape, elem: int) -> list[dict]:
             eager_pct = r.pop("pct_ceiling", None)
             if graphs and r["ms"] is not None:
                 r.update(replay(ctx, shape, name, mode, fn, fns, inputs))
-            if kind(nbytes[mode]) == "throughput":
+            if kind(nbytes[mode]) == "throughput" and eager_pct is not None:  # (no copy ceiling on a CPU)
                 r["pct_ceiling_eager"] = eager_pct
                 if r.get("replay_us"):
                     r["pct_ceiling"] = 100 * nbytes[mode] / (r["replay_us"] * 1e-6) / (ctx.ceiling_tbps * 1e12)
