@@ -4,8 +4,9 @@ Tunes an op's launch-plan table (fusedops/<op>/plans.json, see fusedops/plans.py
 for each table row the op's benchmark cases resolve to, it times the op under candidate variations of that
 row's params (each candidate installed as a row of this device's arch, ahead of the table; all of them timed
 in turn, three rounds, ranked by median) and emits the fastest as a table row named by the run
-("h100-2026-11-26-attn-res-tune"), or the row itself where no candidate beats it by 2%. The rows are printed as JSON lines;
---write puts them into the package's table, --table PATH writes the updated table to PATH instead.
+("h100-2026-11-26-attn-res-tune"), or the row itself where no candidate beats it by 2%. The rows are printed
+as JSON lines; --write puts them into the package's table, --table PATH writes the updated table to PATH
+instead.
 
 Nothing is chosen at run time: the op reads what this command wrote, so every process computes the same bits
 (candidates may differ in reduction order; only the table decides which one runs).
