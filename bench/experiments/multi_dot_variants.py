@@ -123,7 +123,8 @@ def main():
             def run():
                 multi_variant_kernel[grid](bank, q, out, lse, n, mq, tokens, dim, bank.stride(0), bank.stride(1),
                                            q.stride(0), tokens * dim, 1e-6, BLOCK_T=bt, BLOCK_M=bm, BLOCK_N=bn,
-                                           BLOCK_D=bd, BLOCK_D2=bd2, QNAT=qnat, PREC=prec, PASS1=passes[0], PASS2=passes[1],
+                                           BLOCK_D=bd, BLOCK_D2=bd2, QNAT=qnat, PREC=prec, PASS1=passes[0],
+                                           PASS2=passes[1],
                                            num_warps=warps)
             try:
                 run()

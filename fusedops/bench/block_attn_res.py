@@ -173,8 +173,9 @@ def run_block(ctx: Context, cases, part: str = "block") -> list[dict]:
         fused, single, fla = _block_fns(ctx, case)
         per = m if part == "decode" else 1
         with torch.no_grad():
-            for name, fn in (("fusedops (phase 1 + M merges)", fused), ("M x fusedops.attn_res + rms_norm + add",
-                                                                      single), ("fla fused_attnres (output norm) + add", fla)):
+            for name, fn in (("fusedops (phase 1 + M merges)", fused),
+                             ("M x fusedops.attn_res + rms_norm + add", single),
+                             ("fla fused_attnres (output norm) + add", fla)):
                 if fn is None:
                     continue
                 if part == "decode" and ctx.device.type == "cuda":
