@@ -283,6 +283,44 @@ def _merge_weights(lse, s):
 
 
 @triton.jit
+def _merged_logit(p_ptr, a1_ptr, a2_ptr, pn_ptr, q_ptr, t, t_mask, D, P_ST, A1_ST, A2_ST, PN_ST, eps,
+                  NUM_ADD: tl.constexpr, STORE_P: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+                  ACC: tl.constexpr):
+    """(s, rstd(P)) of rows t: one pass over P = p + addends (with STORE_P also written to pn), s = rstd(P) <q, P>."""
+    sq = tl.zeros([BLOCK_T], ACC)
+    dot = tl.zeros([BLOCK_T], ACC)
+    for d0 in range(0, D, BLOCK_D):
+        d = d0 + tl.arange(0, BLOCK_D)
+        d_mask = d < D
+        mask = t_mask[:, None] & d_mask[None, :]
+        x = _merged_tile(p_ptr, a1_ptr, a2_ptr, t, d, mask, P_ST, A1_ST, A2_ST, NUM_ADD, ACC)
+        if STORE_P:
+            tl.store(pn_ptr + t[:, None] * PN_ST + d[None, :], x.to(pn_ptr.dtype.element_ty), mask=mask)
+        q = tl.load(q_ptr + d, mask=d_mask, other=0.0).to(ACC)
+        sq += tl.sum(x * x, axis=1)
+        dot += tl.sum(x * q[None, :], axis=1)
+    rstd = tl.rsqrt(sq / D + eps)
+    return dot * rstd, rstd
+
+
+@triton.jit
+def _mixed_tile(o_ptr, t, d, mask, O_ST, w_o, w_p, x, ACC: tl.constexpr):
+    """(out, h = w_o out + w_p x) tiles of rows t, features d, for the merged partial sum's tile x."""
+    o = tl.load(o_ptr + t[:, None] * O_ST + d[None, :], mask=mask, other=0.0).to(ACC)
+    return o, w_o[:, None] * o + w_p[:, None] * x
+
+
+@triton.jit
+def _grad_h(gy, h, gain_ptr, d, d_mask, r, c, D, HAS_GAIN: tl.constexpr, ACC: tl.constexpr):
+    """dh from the output gradient gy: gy, or through the output RMSNorm r gain gy - h r^3 c / D."""
+    dh = gy
+    if HAS_GAIN:
+        gain = tl.load(gain_ptr + d, mask=d_mask, other=0.0).to(ACC)
+        dh = r[:, None] * gain[None, :] * gy - h * (r * r * r * c / D)[:, None]
+    return dh
+
+
+@triton.jit
 def attn_res_merge_fwd_kernel(
     o_ptr, lse_ptr, p_ptr, a1_ptr, a2_ptr, q_ptr, gain_ptr, y_ptr, pn_ptr,
     T, D, O_ST, P_ST, A1_ST, A2_ST, PN_ST, eps, norm_eps,
@@ -304,19 +342,8 @@ def attn_res_merge_fwd_kernel(
     for block in range(pid, tl.cdiv(T, BLOCK_T), tl.num_programs(0)):
         t = block * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)
         t_mask = t < T
-        sq = tl.zeros([BLOCK_T], ACC)
-        dot = tl.zeros([BLOCK_T], ACC)
-        for d0 in range(0, D, BLOCK_D):
-            d = d0 + tl.arange(0, BLOCK_D)
-            d_mask = d < D
-            mask = t_mask[:, None] & d_mask[None, :]
-            x = _merged_tile(p_ptr, a1_ptr, a2_ptr, t, d, mask, P_ST, A1_ST, A2_ST, NUM_ADD, ACC)
-            if STORE_P:
-                tl.store(pn_ptr + t[:, None] * PN_ST + d[None, :], x.to(pn_ptr.dtype.element_ty), mask=mask)
-            q = tl.load(q_ptr + d, mask=d_mask, other=0.0).to(ACC)
-            sq += tl.sum(x * x, axis=1)
-            dot += tl.sum(x * q[None, :], axis=1)
-        s = dot * tl.rsqrt(sq / D + eps)
+        s, rp = _merged_logit(p_ptr, a1_ptr, a2_ptr, pn_ptr, q_ptr, t, t_mask, D, P_ST, A1_ST, A2_ST, PN_ST, eps,
+                              NUM_ADD, STORE_P, BLOCK_T, BLOCK_D, ACC)
         lse = tl.load(lse_ptr + t, mask=t_mask, other=0.0).to(ACC)
         w_o, w_p = _merge_weights(lse, s)
         r = tl.zeros([BLOCK_T], ACC) + 1.0
@@ -326,8 +353,7 @@ def attn_res_merge_fwd_kernel(
                 d = d0 + tl.arange(0, BLOCK_D)
                 mask = t_mask[:, None] & (d < D)[None, :]
                 x = _merged_tile(p_ptr, a1_ptr, a2_ptr, t, d, mask, P_ST, A1_ST, A2_ST, NUM_ADD, ACC)
-                o = tl.load(o_ptr + t[:, None] * O_ST + d[None, :], mask=mask, other=0.0).to(ACC)
-                h = w_o[:, None] * o + w_p[:, None] * x
+                o, h = _mixed_tile(o_ptr, t, d, mask, O_ST, w_o, w_p, x, ACC)
                 hsq += tl.sum(h * h, axis=1)
             r = tl.rsqrt(hsq / D + norm_eps)
         for d0 in range(0, D, BLOCK_D):
@@ -335,8 +361,7 @@ def attn_res_merge_fwd_kernel(
             d_mask = d < D
             mask = t_mask[:, None] & d_mask[None, :]
             x = _merged_tile(p_ptr, a1_ptr, a2_ptr, t, d, mask, P_ST, A1_ST, A2_ST, NUM_ADD, ACC)
-            o = tl.load(o_ptr + t[:, None] * O_ST + d[None, :], mask=mask, other=0.0).to(ACC)
-            h = w_o[:, None] * o + w_p[:, None] * x
+            o, h = _mixed_tile(o_ptr, t, d, mask, O_ST, w_o, w_p, x, ACC)
             if HAS_GAIN:
                 h = h * r[:, None] * tl.load(gain_ptr + d, mask=d_mask, other=0.0).to(ACC)[None, :]
             tl.store(y_ptr + t[:, None] * D + d[None, :], h.to(y_ptr.dtype.element_ty), mask=mask)
@@ -362,18 +387,8 @@ def attn_res_merge_bwd_kernel(
     for block in range(pid, tl.cdiv(T, BLOCK_T), tl.num_programs(0)):
         t = block * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)
         t_mask = t < T
-        sq = tl.zeros([BLOCK_T], ACC)
-        dot = tl.zeros([BLOCK_T], ACC)
-        for d0 in range(0, D, BLOCK_D):
-            d = d0 + tl.arange(0, BLOCK_D)
-            d_mask = d < D
-            mask = t_mask[:, None] & d_mask[None, :]
-            x = tl.load(p_ptr + t[:, None] * P_ST + d[None, :], mask=mask, other=0.0).to(ACC)
-            q = tl.load(q_ptr + d, mask=d_mask, other=0.0).to(ACC)
-            sq += tl.sum(x * x, axis=1)
-            dot += tl.sum(x * q[None, :], axis=1)
-        rp = tl.rsqrt(sq / D + eps)
-        s = dot * rp
+        s, rp = _merged_logit(p_ptr, p_ptr, p_ptr, p_ptr, q_ptr, t, t_mask, D, P_ST, P_ST, P_ST, P_ST, eps, 0, False,
+                              BLOCK_T, BLOCK_D, ACC)
         lse = tl.load(lse_ptr + t, mask=t_mask, other=0.0).to(ACC)
         w_o, w_p = _merge_weights(lse, s)
         r = tl.zeros([BLOCK_T], ACC)
@@ -385,10 +400,9 @@ def attn_res_merge_bwd_kernel(
                 d_mask = d < D
                 mask = t_mask[:, None] & d_mask[None, :]
                 x = tl.load(p_ptr + t[:, None] * P_ST + d[None, :], mask=mask, other=0.0).to(ACC)
-                o = tl.load(o_ptr + t[:, None] * O_ST + d[None, :], mask=mask, other=0.0).to(ACC)
+                o, h = _mixed_tile(o_ptr, t, d, mask, O_ST, w_o, w_p, x, ACC)
                 gy = tl.load(gy_ptr + t[:, None] * D + d[None, :], mask=mask, other=0.0).to(ACC)
                 gain = tl.load(gain_ptr + d, mask=d_mask, other=0.0).to(ACC)
-                h = w_o[:, None] * o + w_p[:, None] * x
                 hsq += tl.sum(h * h, axis=1)
                 c += tl.sum(gain[None, :] * gy * h, axis=1)
             r = tl.rsqrt(hsq / D + norm_eps)
@@ -401,15 +415,12 @@ def attn_res_merge_bwd_kernel(
             x = tl.load(p_ptr + t[:, None] * P_ST + d[None, :], mask=mask, other=0.0).to(ACC)
             o = tl.load(o_ptr + t[:, None] * O_ST + d[None, :], mask=mask, other=0.0).to(ACC)
             gy = tl.load(gy_ptr + t[:, None] * D + d[None, :], mask=mask, other=0.0).to(ACC)
-            dh = gy
-            if HAS_GAIN:
-                gain = tl.load(gain_ptr + d, mask=d_mask, other=0.0).to(ACC)
-                h = w_o[:, None] * o + w_p[:, None] * x
-                dh = r[:, None] * gain[None, :] * gy - h * (r * r * r * c / D)[:, None]
-                if NEED_DG:
-                    at = dg_part_ptr + pid * D + d
-                    tl.store(at, tl.load(at, mask=d_mask, other=0.0) + tl.sum(gy * h * r[:, None], axis=0),
-                             mask=d_mask)
+            h = w_o[:, None] * o + w_p[:, None] * x
+            dh = _grad_h(gy, h, gain_ptr, d, d_mask, r, c, D, HAS_GAIN, ACC)
+            if HAS_GAIN and NEED_DG:
+                at = dg_part_ptr + pid * D + d
+                tl.store(at, tl.load(at, mask=d_mask, other=0.0) + tl.sum(gy * h * r[:, None], axis=0),
+                         mask=d_mask)
             dw += tl.sum(dh * (x - o), axis=1)
         ds = w_o * w_p * dw
         tl.store(dlse_ptr + t, (-ds).to(dlse_ptr.dtype.element_ty), mask=t_mask)
@@ -421,11 +432,8 @@ def attn_res_merge_bwd_kernel(
             x = tl.load(p_ptr + t[:, None] * P_ST + d[None, :], mask=mask, other=0.0).to(ACC)
             o = tl.load(o_ptr + t[:, None] * O_ST + d[None, :], mask=mask, other=0.0).to(ACC)
             gy = tl.load(gy_ptr + io, mask=mask, other=0.0).to(ACC)
-            dh = gy
-            if HAS_GAIN:
-                gain = tl.load(gain_ptr + d, mask=d_mask, other=0.0).to(ACC)
-                h = w_o[:, None] * o + w_p[:, None] * x
-                dh = r[:, None] * gain[None, :] * gy - h * (r * r * r * c / D)[:, None]
+            h = w_o[:, None] * o + w_p[:, None] * x
+            dh = _grad_h(gy, h, gain_ptr, d, d_mask, r, c, D, HAS_GAIN, ACC)
             if NEED_DO:
                 tl.store(do_ptr + io, (w_o[:, None] * dh).to(do_ptr.dtype.element_ty), mask=mask)
             if NEED_DP:
