@@ -45,15 +45,8 @@ def _set_tiles(name: str, value: str) -> None:
     if dkdv:
         _STACK.enter_context(fusedops.plan_override(OP, "dkdv", **tiles_from_string(dkdv)))
 from fusedops.bench.common import gpu_kernel_times_us, gpu_time_ms
+from fusedops.bench.neighborhood_attention import CASES  # (B, H, spatial, D, kernel)
 
-CASES = [  # (B, H, spatial, D, kernel): python -m fusedops.bench neighborhood_attention's cases
-    (2, 12, (4096,), 64, (7,)),
-    (2, 16, (8192,), 128, (33,)),
-    (1, 8, (16384,), 64, (129,)),
-    (1, 16, (64, 64), 64, (7, 7)),
-    (1, 24, (128, 128), 128, (13, 13)),
-    (1, 16, (16, 32, 32), 64, (7, 7, 7)),
-]
 VARIANTS = {
     1: ["", "1,1,64/1,1,64/4", "1,1,64/1,1,32/4", "1,1,32/1,1,64/4", "1,1,64/1,1,128/8", "1,1,128/1,1,64/8",
         "1,1,128/1,1,32/8", "1,1,32/1,1,128/8", "1,1,64/1,1,64/8", "1,1,128/1,1,32/4", "1,1,64/1,1,16/4",
