@@ -159,3 +159,32 @@ def test_neighborhood_attention(path, data, dtype, spatial, heads, D, causal):
 
         check_layouts(backward_op, (grads[0], grads[1], q, k, v, out, lse), (), data,
                       {0: dims, 1: dims[:-1], 2: dims, 3: dims, 4: dims, 5: dims, 6: dims[:-1]})
+
+
+@pytest.mark.parametrize("path", PATHS)
+@given(data=st.data(), dtype=DTYPE, n=st.integers(1, 5), m=st.integers(1, 3),
+       batch=st.lists(st.integers(1, 3), min_size=0, max_size=2), D=st.integers(1, 24))
+@settings(max_examples=40)
+def test_attn_res_multi(path, data, dtype, n, m, batch, D):
+    values, queries = torch.randn(n, *batch, D).to(dtype), torch.randn(m, D)
+    grads = (torch.randn(m, *batch, D).to(dtype), torch.randn(m, *batch))
+    dims = tuple(range(values.dim()))
+    with execution_path(path):
+        check_layouts(lambda v, q: fusedops.attn_res_multi(v, q), (values, queries), grads, data,
+                      {0: dims, 1: (0, 1), 2: dims, 3: dims[:-1]})
+
+
+@pytest.mark.parametrize("path", PATHS)
+@given(data=st.data(), dtype=DTYPE, batch=st.lists(st.integers(1, 3), min_size=1, max_size=2),
+       D=st.integers(1, 24), with_gain=st.booleans())
+@settings(max_examples=10)
+def test_attn_res_merge(path, data, dtype, batch, D, with_gain):
+    out, partial, addend = (torch.randn(*batch, D).to(dtype) for _ in range(3))
+    lse, query = torch.randn(batch), torch.randn(D)
+    gain = torch.rand(D) + 0.5 if with_gain else None
+    grads = (torch.randn(*batch, D).to(dtype), torch.randn(*batch, D).to(dtype))
+    dims = tuple(range(out.dim()))
+    with execution_path(path):
+        check_layouts(lambda o, l, p, q, a, g: fusedops.attn_res_merge(o, l, p, q, a, g),
+                      (out, lse, partial, query, addend, gain), grads, data,
+                      {0: dims, 1: dims[:-1], 2: dims, 4: dims, 6: dims, 7: dims})
