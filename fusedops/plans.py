@@ -35,7 +35,7 @@ import contextvars
 import functools
 import json
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 PACKAGE = Path(__file__).resolve().parent
 
@@ -198,7 +198,9 @@ def plan_override(op: str, kernel: str, **params) -> Iterator[None]:
     The keys each kernel takes are its table's "overrides" (`override_keys(op)`); a key outside them raises
     ValueError naming it. A forced configuration is taken as given (no on-chip budget shrink, no register cap
     unless named); what is not named is planned as usual. Blocks nest (the inner one's keys win) and restore
-    on exit; the setting is per thread and per asyncio task (a contextvar)."""
+    on exit; the setting is per thread and per asyncio task (a contextvar). The backward of a call made inside
+    the block is forced too, wherever it runs (autograd runs a CUDA backward on a thread of its own; see
+    `carry_overrides`)."""
     keys = override_keys(op)
     if kernel not in keys:
         raise ValueError(f"plan_override: {op} has no kernel {kernel!r} to force (known: {sorted(keys)})")
@@ -212,6 +214,30 @@ def plan_override(op: str, kernel: str, **params) -> Iterator[None]:
         yield
     finally:
         _OVERRIDES.reset(token)
+
+
+def carry_overrides(setup_context: Callable, backward: Callable) -> tuple[Callable, Callable]:
+    """An op's (setup_context, backward rule) made to plan the backward under the plan_override blocks that
+    were in force at its forward, those in force where the backward runs coming after them (so they win). The
+    autograd engine runs a CUDA backward on a device thread of its own, which sees none of the caller's
+    contextvars: without this, a forced backward configuration would silently not apply on GPUs."""
+
+    def setup(ctx, inputs, output):
+        setup_context(ctx, inputs, output)
+        ctx.plan_overrides = _OVERRIDES.get()
+
+    @functools.wraps(backward)
+    def run_backward(ctx, *grads):
+        saved, current = getattr(ctx, "plan_overrides", ()), _OVERRIDES.get()
+        if current[:len(saved)] == saved:  # the forward's blocks are still in force here (or there were none)
+            return backward(ctx, *grads)
+        token = _OVERRIDES.set(saved + current)
+        try:
+            return backward(ctx, *grads)
+        finally:
+            _OVERRIDES.reset(token)
+
+    return setup, run_backward
 
 
 def override_keys(op: str) -> dict:

@@ -22,6 +22,7 @@ from torch.library import triton_op
 
 from fusedops import internals
 from fusedops.internals import set_wrap_triton_enabled
+from fusedops.plans import carry_overrides
 
 NAMESPACE = "fusedops"
 
@@ -106,12 +107,21 @@ def call_direct(fn: Callable, *args):
         return fn(*args)
 
 
+def register_autograd(op, backward: Callable, setup_context: Callable) -> None:
+    """op.register_autograd with the backward planned under the plan_override blocks of its forward
+    (fusedops.plans.carry_overrides)."""
+    setup_context, backward = carry_overrides(setup_context, backward)
+    op.register_autograd(backward, setup_context=setup_context)
+
+
 def direct_autograd(name: str, forward: Callable, setup_context: Callable, backward: Callable) -> type:
     """A torch.autograd.Function running `forward` (an op's checked-args implementation) with the op's
     own setup_context and backward rule. The backward rule decides again whether to call the backward
     implementation directly (see `backward_direct_ok`). Its `call` is `apply` where autograd will need a
     graph, and the bare implementation where it will not (no tensor argument requires grad, or grad
     mode is off): the Function machinery costs ~40 us of host time, a third of a small eager call."""
+
+    setup_context, backward = carry_overrides(setup_context, backward)
 
     def run(ctx, *args):
         # forward(ctx, ...) rather than a separate setup_context staticmethod: with the latter,

@@ -9,6 +9,7 @@ import dataclasses
 import itertools
 import json
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -191,6 +192,39 @@ def test_override_reaches_the_launched_kernels(path):
         fusedops.neighborhood_attention(q, q, q, 7)
     (name, _, meta), = launches
     assert (meta["BM2"], meta["BN2"], meta["num_warps"]) == (16, 32, 2)
+
+
+@pytest.mark.parametrize("where", ["after the block", "on another thread"])
+def test_backward_runs_under_the_overrides_of_its_forward(where):
+    """A backward is planned under the plan_override blocks its forward ran in, wherever it runs: after the
+    block, or on a thread that sees none of the caller's contextvars, as the autograd engine runs a CUDA
+    backward (a forced backward plan once silently did not apply on GPUs, so a tile sweep measured nothing)."""
+    from fusedops.embedding import op as em_op
+    from fusedops.neighborhood_attention import op as na_op
+
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 2, 24, 8, generator=gen).requires_grad_()
+    weight = torch.randn(50, 16, generator=gen).requires_grad_()
+    indices = torch.randint(0, 50, (30,), generator=gen)
+
+    def backward(loss):
+        if where == "after the block":
+            loss.backward()
+        else:
+            thread = threading.Thread(target=loss.backward)
+            thread.start()
+            thread.join()
+
+    with execution_path("cuda"), recorded_launches(na_op) as launches, recorded_launches(em_op) as em_launches:
+        with fusedops.plan_override("neighborhood_attention", "bwd", bm=(1, 1, 8), bn=(1, 1, 4), fused_block=0), \
+                fusedops.plan_override("embedding", "bwd", block_rows=2, block_d=16):
+            loss = fusedops.neighborhood_attention(q, q, q, 5).sum() + fusedops.embedding(indices, weight).sum()
+        backward(loss)
+    dq = [meta for name, _, meta in launches if name == "na_bwd_dq_kernel"]
+    assert dq and all((m["BM2"], m["BN2"]) == (8, 4) for m in dq)
+    assert q.grad is not None and weight.grad is not None
+    em_bwd = [meta for name, _, meta in em_launches if "bwd" in name or "backward" in name]
+    assert em_bwd and all(m["BLOCK_D"] == 16 for m in em_bwd)
 
 
 @pytest.mark.parametrize("path", ["cuda", "ascend"])

@@ -12,7 +12,8 @@ from fusedops.launch import launch
 from fusedops.plans import forced
 from fusedops.numerics import accumulate_dtype
 from fusedops.layout import sources_walk, unit_last_stride, walkable_sources
-from fusedops.registry import backward_direct_ok, call_direct, direct_autograd, direct_call_ok, fused_op
+from fusedops.registry import (backward_direct_ok, call_direct, direct_autograd, direct_call_ok, fused_op,
+                               register_autograd)
 from fusedops.targets import Target, target_for
 from fusedops.validation import (
     check_bool,
@@ -386,8 +387,8 @@ def _backward_rule_with_lse(ctx, grad_out, grad_lse):
     return _gradients(ctx, grad_out, values, query, norm_weight, out, lse, grad_lse)
 
 
-attn_res_op.register_autograd(_backward_rule, setup_context=_setup_context)
-attn_res_with_lse_op.register_autograd(_backward_rule_with_lse, setup_context=_setup_context_with_lse)
+register_autograd(attn_res_op, _backward_rule, setup_context=_setup_context)
+register_autograd(attn_res_with_lse_op, _backward_rule_with_lse, setup_context=_setup_context_with_lse)
 _Direct = direct_autograd("AttnRes", _run, _setup_context_with_lse, _backward_rule_with_lse)
 
 

@@ -11,7 +11,8 @@ from torch import Tensor
 from fusedops.launch import launch
 from fusedops.layout import collapse_dims, sources_walk, unit_last_stride, walkable_sources
 from fusedops.numerics import accumulate_dtype
-from fusedops.registry import backward_direct_ok, call_direct, direct_autograd, direct_call_ok, fused_op
+from fusedops.registry import (backward_direct_ok, call_direct, direct_autograd, direct_call_ok, fused_op,
+                               register_autograd)
 from fusedops.targets import Target, target_for
 from fusedops.validation import (
     check_float,
@@ -192,7 +193,7 @@ def _multi_backward_rule(ctx, grad_out, grad_lse):
     return (grads[0] if need_values else None, grads[1] if need_queries else None, None)
 
 
-attn_res_multi_op.register_autograd(_multi_backward_rule, setup_context=_multi_setup_context)
+register_autograd(attn_res_multi_op, _multi_backward_rule, setup_context=_multi_setup_context)
 _DirectMulti = direct_autograd("AttnResMulti", _multi_run, _multi_setup_context, _multi_backward_rule)
 
 
@@ -444,7 +445,7 @@ def _merge_backward_rule(ctx, grad_h, grad_partial):
             d_g if need_gain and gain is not None else None, None, None)
 
 
-attn_res_merge_op.register_autograd(_merge_backward_rule, setup_context=_merge_setup_context)
+register_autograd(attn_res_merge_op, _merge_backward_rule, setup_context=_merge_setup_context)
 _DirectMerge = direct_autograd("AttnResMerge", _merge_run, _merge_setup_context, _merge_backward_rule)
 
 

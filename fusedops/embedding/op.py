@@ -10,7 +10,8 @@ from torch import Tensor
 from fusedops import internals
 from fusedops.launch import launch
 from fusedops.numerics import accumulate_dtype
-from fusedops.registry import backward_direct_ok, call_direct, direct_autograd, direct_call_ok, fused_op
+from fusedops.registry import (backward_direct_ok, call_direct, direct_autograd, direct_call_ok, fused_op,
+                               register_autograd)
 from fusedops.targets import Target, target_for
 from fusedops.validation import as_int, check_float
 
@@ -277,7 +278,7 @@ def _backward_rule(ctx, grad_out):
     return grad_weight, None, None, None
 
 
-embedding_op.register_autograd(_backward_rule, setup_context=_setup_context)
+register_autograd(embedding_op, _backward_rule, setup_context=_setup_context)
 
 
 def _setup_backward_context(ctx, inputs, output):
@@ -308,7 +309,7 @@ def _double_backward_rule(ctx, grad_grad_weight):
     return grad, None, None, None, None
 
 
-embedding_backward_op.register_autograd(_double_backward_rule, setup_context=_setup_backward_context)
+register_autograd(embedding_backward_op, _double_backward_rule, setup_context=_setup_backward_context)
 
 
 _Direct = direct_autograd("Embedding", _run_checked, _setup_context, _backward_rule)

@@ -12,7 +12,8 @@ from fusedops.launch import launch
 from fusedops.plans import forced_key, on_reload
 from fusedops.layout import unit_last_stride
 from fusedops.numerics import accumulate_dtype, tf32_allowed
-from fusedops.registry import backward_direct_ok, call_direct, direct_autograd, direct_call_ok, fused_op, memoize
+from fusedops.registry import (backward_direct_ok, call_direct, direct_autograd, direct_call_ok, fused_op, memoize,
+                               register_autograd)
 from fusedops.targets import Target, size_hint, target_for
 from fusedops.validation import (
     FP32,
@@ -427,7 +428,7 @@ def _backward_rule(ctx, grad_out, grad_lse):
             None)
 
 
-neighborhood_attention_op.register_autograd(_backward_rule, setup_context=_setup_context)
+register_autograd(neighborhood_attention_op, _backward_rule, setup_context=_setup_context)
 _Direct = direct_autograd("NeighborhoodAttention", _run, _setup_context, _backward_rule)
 
 
