@@ -936,6 +936,32 @@ def test_window_mask_variants_match_oracle(path, ndim, mask_bits, walk_tests):
     assert all(meta["WALK_TESTS"] == walk_tests for name, _, meta in launches if name == "na_bwd_dkdv_kernel")
 
 
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+@pytest.mark.parametrize("spatial, ks, dil, strd, causal, window, bm, bn", [
+    ([40], [17], [1], [1], [False], "shifted", (1, 1, 4), (1, 1, 4)),
+    ([40], [16], [1], [4], [True], "shifted", (1, 1, 4), (1, 1, 4)),  # stride groups of whole query boxes
+    ([45], [9], [2], [1], [False], "truncated", (1, 1, 4), (1, 1, 2)),
+    ([12, 11], [7, 6], [1, 1], [1, 3], [False, True], "shifted", (1, 2, 4), (1, 2, 2)),
+    ([5, 8, 5], [4, 4, 4], [1, 2, 1], [1, 2, 1], [True, False, False], "shifted", (2, 2, 2), (2, 2, 2)),
+])
+def test_unmasked_inside_boxes_match_oracle(path, spatial, ks, dil, strd, causal, window, bm, bn):
+    """Plan.unmasked_inside: key boxes inside the window every row of the query tile (or, in dK/dV, of the query
+    chunk) shares skip the window mask. Windows several boxes wide make most boxes inside and leave others at
+    their edges (causal, stride groups, dilation, truncated windows at the borders); all three kernels must still
+    give the oracle's results, with rows outside the tile contributing nothing."""
+    case = dict(spatial=spatial, ks=ks, dil=dil, strd=strd, causal=causal, window=window, batch=1, kv_heads=1,
+                groups=2, head_dim=8, head_dim_v=8, dtype=torch.float32, strided=True, scale=None, with_lse_grad=True,
+                seed=len(spatial))
+    override = dict(bm=bm, bn=bn, unmasked_inside=True)
+    with execution_path(path), fusedops.plan_override("neighborhood_attention", "fwd", **override), \
+            fusedops.plan_override("neighborhood_attention", "bwd", fused_block=0, **override), \
+            fusedops.plan_override("neighborhood_attention", "dkdv", **override), \
+            recorded_launches(na_op) as launches:
+        check_case(case)
+    names = {name for name, _, meta in launches if meta["INSIDE"]}
+    assert names == {"na_fwd_kernel", "na_bwd_dq_kernel", "na_bwd_dkdv_kernel"}
+
+
 @pytest.mark.parametrize("spatial, kernel, d, bm, bn, warps", [
     ([16384], 129, 64, (1, 1, 32), (1, 1, 32), 4),
     ([8192], 33, 128, (1, 1, 16), (1, 1, 32), 4),

@@ -99,6 +99,32 @@ def _tile_windows(i, start, lg, K, ST, CAUSAL, B: tl.constexpr, TRUNCATED: tl.co
 
 
 @triton.jit
+def _shared_window(first, last, lg, K, ST, CAUSAL, TRUNCATED: tl.constexpr):
+    """The keys [lo, hi] in the window of every query from first to last (both ends are nondecreasing in the
+    query: the last query's lo, the first one's hi; empty when lo > hi)."""
+    lo, _ = _window(last, lg, K, ST, CAUSAL, TRUNCATED)
+    _, hi = _window(first, lg, K, ST, CAUSAL, TRUNCATED)
+    return lo, hi
+
+
+@triton.jit
+def _box_masked(j00, j01, j02, slo0, shi0, slo1, shi1, slo2, shi2, BN0: tl.constexpr, BN1: tl.constexpr,
+                BN2: tl.constexpr, NDIM: tl.constexpr, INSIDE: tl.constexpr):
+    """Whether a key box starting at (j00, j01, j02) needs the window mask: always, unless INSIDE (Plan.
+    unmasked_inside) and the box lies inside the shared window [slo, shi] on every axis, where every live row
+    sees every cell (rows outside the tile read zeros and are not stored)."""
+    if INSIDE:
+        inside = (j02 >= slo2) & (j02 + BN2 - 1 <= shi2)
+        if NDIM >= 2:
+            inside = inside & (j01 >= slo1) & (j01 + BN1 - 1 <= shi1)
+        if NDIM >= 3:
+            inside = inside & (j00 >= slo0) & (j00 + BN0 - 1 <= shi0)
+        return inside == 0
+    else:
+        return True
+
+
+@triton.jit
 def _key_cells(j0, j1, j2, khi0, khi1, khi2, g0, g1, g2, DL0, DL1, DL2, NDIM: tl.constexpr):
     """Which cells of a key box lie inside the key range (up to khi per axis), and their original
     positions per axis (int64)."""
@@ -386,7 +412,7 @@ def na_fwd_kernel(
     BM0: tl.constexpr, BM1: tl.constexpr, BM2: tl.constexpr,
     BN0: tl.constexpr, BN1: tl.constexpr, BN2: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
-    MASK_BITS: tl.constexpr, F64: tl.constexpr,
+    MASK_BITS: tl.constexpr, INSIDE: tl.constexpr, F64: tl.constexpr,
 ):
     """out and lse per query tile: an online softmax over the key boxes that cover the tile's windows."""
     ACC = tl.float64 if F64 else tl.float32
@@ -423,6 +449,12 @@ def na_fwd_kernel(
             lo1, hi1, klo1, khi1 = _tile_windows(i1, i01, lg1, K1, ST1, C1, BM1, TRUNCATED)
         if NDIM >= 3:
             lo0, hi0, klo0, khi0 = _tile_windows(i0, i00, lg0, K0, ST0, C0, BM0, TRUNCATED)
+        slo2, shi2 = _shared_window(i02, tl.minimum(i02 + BM2 - 1, lg2 - 1), lg2, K2, ST2, C2, TRUNCATED)
+        slo1, shi1, slo0, shi0 = 0, 0, 0, 0
+        if NDIM >= 2:
+            slo1, shi1 = _shared_window(i01, tl.minimum(i01 + BM1 - 1, lg1 - 1), lg1, K1, ST1, C1, TRUNCATED)
+        if NDIM >= 3:
+            slo0, shi0 = _shared_window(i00, tl.minimum(i00 + BM0 - 1, lg0 - 1), lg0, K0, ST0, C0, TRUNCATED)
         kv_base_k = b.to(tl.int64) * skb + hk.to(tl.int64) * skh
         kv_base_v = b.to(tl.int64) * svb + hk.to(tl.int64) * svh
         m_i = tl.full([BM0 * BM1 * BM2], float("-inf"), ACC)
@@ -445,9 +477,10 @@ def na_fwd_kernel(
                         kt = kt.to(tl.float32)
                         vt = vt.to(tl.float32)
                     s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
-                    ok = _window_mask(row_ok, col_ok, j0, j1, j2, j00, j01, j02, c0, c1, c2, lo0, hi0, lo1, hi1, lo2,
-                                      hi2, BN0, BN1, BN2, NDIM, ONE_COMPARE, MASK_BITS)
-                    s = tl.where(ok, s, float("-inf"))
+                    if _box_masked(j00, j01, j02, slo0, shi0, slo1, shi1, slo2, shi2, BN0, BN1, BN2, NDIM, INSIDE):
+                        ok = _window_mask(row_ok, col_ok, j0, j1, j2, j00, j01, j02, c0, c1, c2, lo0, hi0, lo1, hi1,
+                                          lo2, hi2, BN0, BN1, BN2, NDIM, ONE_COMPARE, MASK_BITS)
+                        s = tl.where(ok, s, float("-inf"))
                     m_new = tl.maximum(m_i, tl.max(s, axis=1))
                     ref = _finite_or_zero(m_new)
                     alpha = tl.exp2(m_i - ref)
@@ -493,7 +526,7 @@ def na_bwd_dq_kernel(
     BM0: tl.constexpr, BM1: tl.constexpr, BM2: tl.constexpr,
     BN0: tl.constexpr, BN1: tl.constexpr, BN2: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
-    HAS_DLSE: tl.constexpr, MASK_BITS: tl.constexpr, F64: tl.constexpr,
+    HAS_DLSE: tl.constexpr, MASK_BITS: tl.constexpr, INSIDE: tl.constexpr, F64: tl.constexpr,
 ):
     """dQ_i = scale * sum_j p_ij (dO_i.v_j - delta_i) k_j per query tile, walking keys as the forward.
     delta_i = rowsum(dO_i * O_i) - dLSE_i (fp32) is computed here from the tile's own rows and stored
@@ -545,6 +578,12 @@ def na_bwd_dq_kernel(
             lo1, hi1, klo1, khi1 = _tile_windows(i1, i01, lg1, K1, ST1, C1, BM1, TRUNCATED)
         if NDIM >= 3:
             lo0, hi0, klo0, khi0 = _tile_windows(i0, i00, lg0, K0, ST0, C0, BM0, TRUNCATED)
+        slo2, shi2 = _shared_window(i02, tl.minimum(i02 + BM2 - 1, lg2 - 1), lg2, K2, ST2, C2, TRUNCATED)
+        slo1, shi1, slo0, shi0 = 0, 0, 0, 0
+        if NDIM >= 2:
+            slo1, shi1 = _shared_window(i01, tl.minimum(i01 + BM1 - 1, lg1 - 1), lg1, K1, ST1, C1, TRUNCATED)
+        if NDIM >= 3:
+            slo0, shi0 = _shared_window(i00, tl.minimum(i00 + BM0 - 1, lg0 - 1), lg0, K0, ST0, C0, TRUNCATED)
         kv_base_k = b.to(tl.int64) * skb + hk.to(tl.int64) * skh
         kv_base_v = b.to(tl.int64) * svb + hk.to(tl.int64) * svh
         dq = tl.zeros([BM0 * BM1 * BM2, BLOCK_D], ACC)
@@ -565,9 +604,11 @@ def na_bwd_dq_kernel(
                         kt = kt.to(tl.float32)
                         vt = vt.to(tl.float32)
                     s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
-                    ok = _window_mask(row_ok, col_ok, j0, j1, j2, j00, j01, j02, c0, c1, c2, lo0, hi0, lo1, hi1, lo2,
-                                      hi2, BN0, BN1, BN2, NDIM, ONE_COMPARE, MASK_BITS)
-                    p = tl.where(ok, tl.exp2(s - lse2[:, None]), 0.0)
+                    p = tl.exp2(s - lse2[:, None])
+                    if _box_masked(j00, j01, j02, slo0, shi0, slo1, shi1, slo2, shi2, BN0, BN1, BN2, NDIM, INSIDE):
+                        ok = _window_mask(row_ok, col_ok, j0, j1, j2, j00, j01, j02, c0, c1, c2, lo0, hi0, lo1, hi1,
+                                          lo2, hi2, BN0, BN1, BN2, NDIM, ONE_COMPARE, MASK_BITS)
+                        p = tl.where(ok, p, 0.0)
                     dp = tl.dot(do, vt, input_precision=PRECISION)
                     ds = p * (dp - delta[:, None])
                     dq += tl.dot(ds.to(kt.dtype), tl.trans(kt), input_precision=PRECISION)
@@ -607,7 +648,8 @@ def na_bwd_dkdv_kernel(
     BM0: tl.constexpr, BM1: tl.constexpr, BM2: tl.constexpr,
     BN0: tl.constexpr, BN1: tl.constexpr, BN2: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
-    DK_BY_KEYS: tl.constexpr, MASK_BITS: tl.constexpr, WALK_TESTS: tl.constexpr, F64: tl.constexpr,
+    DK_BY_KEYS: tl.constexpr, MASK_BITS: tl.constexpr, WALK_TESTS: tl.constexpr, INSIDE: tl.constexpr,
+    F64: tl.constexpr,
 ):
     """Per key tile (BN box in one dilation group, one kv head): dV_j = sum_i p_ij dO_i and
     dK_j = scale sum_i dS_ij q_i over every query head of the GQA group and every query tile that can
@@ -676,6 +718,7 @@ def na_bwd_dkdv_kernel(
                     hit0 = (lo_t0 <= jh0) & (hi_t0 >= jl0)
                 if hit0:
                     i0 = i00 + r0
+                    slo0, shi0 = _shared_window(i00, tl.minimum(i00 + BM0 - 1, qe0), lg0, K0, ST0, C0, TRUNCATED)
                     for i01 in range(qs1, qe1 + 1, BM1):
                         hit1 = True
                         if NDIM >= 2:
@@ -684,6 +727,8 @@ def na_bwd_dkdv_kernel(
                             hit1 = (lo_t1 <= jh1) & (hi_t1 >= jl1)
                         if hit1:
                             i1 = i01 + r1
+                            slo1, shi1 = _shared_window(i01, tl.minimum(i01 + BM1 - 1, qe1), lg1, K1, ST1, C1,
+                                                        TRUNCATED)
                             for i02 in range(qs2, qe2 + 1, BM2):
                                 hit2 = True  # the spans are exact: this test never skips (see WALK_TESTS)
                                 if WALK_TESTS:
@@ -693,6 +738,8 @@ def na_bwd_dkdv_kernel(
                                     hit2 = (lo_t2 <= jh2) & (hi_t2 >= jl2)
                                 if hit2:
                                     i2 = i02 + r2
+                                    slo2, shi2 = _shared_window(i02, tl.minimum(i02 + BM2 - 1, qe2), lg2, K2, ST2,
+                                                                C2, TRUNCATED)
                                     row_ok = (i0 <= qe0) & (i1 <= qe1) & (i2 <= qe2)
                                     p0 = (i0 * DL0 + g0).to(tl.int64)
                                     p1 = (i1 * DL1 + g1).to(tl.int64)
@@ -709,16 +756,20 @@ def na_bwd_dkdv_kernel(
                                     flat = bh_flat + p0 * L1 * L2 + p1 * L2 + p2
                                     lse2 = tl.load(lse_ptr + flat, mask=row_ok, other=0.0) * 1.4426950408889634
                                     delta = tl.load(delta_ptr + flat, mask=row_ok, other=0.0)
-                                    lo2, hi2 = _window(i2, lg2, K2, ST2, C2, TRUNCATED)
-                                    lo1, hi1, lo0, hi0 = 0, 0, 0, 0
-                                    if NDIM >= 2:
-                                        lo1, hi1 = _window(i1, lg1, K1, ST1, C1, TRUNCATED)
-                                    if NDIM >= 3:
-                                        lo0, hi0 = _window(i0, lg0, K0, ST0, C0, TRUNCATED)
-                                    ok = _window_mask(row_ok, col_ok, j0, j1, j2, j00, j01, j02, c0, c1, c2, lo0, hi0,
-                                                      lo1, hi1, lo2, hi2, BN0, BN1, BN2, NDIM, ONE_COMPARE, MASK_BITS)
                                     s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
-                                    p = tl.where(ok, tl.exp2(s - lse2[:, None]), 0.0)
+                                    p = tl.exp2(s - lse2[:, None])
+                                    if _box_masked(j00, j01, j02, slo0, shi0, slo1, shi1, slo2, shi2, BN0, BN1, BN2,
+                                                   NDIM, INSIDE):
+                                        lo2, hi2 = _window(i2, lg2, K2, ST2, C2, TRUNCATED)
+                                        lo1, hi1, lo0, hi0 = 0, 0, 0, 0
+                                        if NDIM >= 2:
+                                            lo1, hi1 = _window(i1, lg1, K1, ST1, C1, TRUNCATED)
+                                        if NDIM >= 3:
+                                            lo0, hi0 = _window(i0, lg0, K0, ST0, C0, TRUNCATED)
+                                        ok = _window_mask(row_ok, col_ok, j0, j1, j2, j00, j01, j02, c0, c1, c2, lo0,
+                                                          hi0, lo1, hi1, lo2, hi2, BN0, BN1, BN2, NDIM, ONE_COMPARE,
+                                                          MASK_BITS)
+                                        p = tl.where(ok, p, 0.0)
                                     dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PRECISION)
                                     dp = tl.dot(do, vt, input_precision=PRECISION)
                                     ds = p * (dp - delta[:, None])

@@ -197,6 +197,7 @@ class _Geometry:
 def _meta(plan, window: str, ndim: int) -> dict:
     return dict(
         TRUNCATED=window == "truncated", NDIM=ndim, ONE_COMPARE=plan.one_compare_mask, MASK_BITS=plan.mask_bits,
+        INSIDE=plan.unmasked_inside,
         BM0=plan.bm[0], BM1=plan.bm[1], BM2=plan.bm[2], BN0=plan.bn[0], BN1=plan.bn[1], BN2=plan.bn[2],
         **_launch_meta(plan),
     )

@@ -66,6 +66,8 @@ class Plan:
     mask_bits: bool = False
     # The dK/dV kernel tests each innermost query chunk against its key box before computing it.
     walk_tests: bool = True
+    # Key boxes inside the window every row of the query tile shares skip the window mask (the kernels' INSIDE).
+    unmasked_inside: bool = False
     # The dK/dV kernel's own boxes, warps and stages where they differ from the dQ kernel's (bm, bn); its
     # register cap is its own dkdv_registers.
     dkdv: Plan | None = None
@@ -206,7 +208,8 @@ def make_plan(
                 dkdv_registers=dkdv_cap, fwd_registers=None if backward else cap,
                 one_compare_mask=ndim == 1 and not (cuda_gpu and wide),
                 mask_bits=force.get("mask_bits", row["mask_bits"]) and mask_bits_fit(bn, ndim),
-                walk_tests=row["walk_tests"], dk_by_keys=backward and row["dk_by_keys_block_d"] == block_d)
+                walk_tests=row["walk_tests"], dk_by_keys=backward and row["dk_by_keys_block_d"] == block_d,
+                unmasked_inside=force.get("unmasked_inside", row["unmasked_inside"]))
     if not backward:
         return plan
     # the dK/dV kernel's own plan: the row's boxes (2-D tall plans), or what plan_override(..., "dkdv") forces
@@ -228,7 +231,7 @@ def make_plan(
                                           dkdv_registers=force_dkdv.get("registers", dkdv_regs)))
         bits = force_dkdv.get("mask_bits", row["dkdv_mask_bits"])
         plan = replace(plan, dkdv=replace(plan.dkdv, mask_bits=bits and mask_bits_fit(plan.dkdv.bn, ndim)))
-    extra = {k: force_dkdv[k] for k in ("walk_tests", "dk_by_keys") if k in force_dkdv}
+    extra = {k: force_dkdv[k] for k in ("walk_tests", "dk_by_keys", "unmasked_inside") if k in force_dkdv}
     if extra:  # read by the dK/dV kernel only
         plan = replace(plan, dkdv=replace(plan.dkdv, **extra)) if plan.dkdv is not None else replace(plan, **extra)
     return plan
