@@ -1054,6 +1054,11 @@ GPU_CASES = [
     ((16, 32, 32), (7, 7, 7), (1, 1, 1), (1, 1, 1), (False, False, False), "shifted", 1, 2, 2, 64),
     ((12, 20, 18), (3, 5, 3), (2, 1, 3), (1, 5, 2), (True, False, False), "shifted", 1, 2, 1, 40),
     ((1024,), (129,), (1,), (1,), (False,), "shifted", 1, 2, 2, 256),  # the largest head dim
+    # the wide-window plans (unmasked inside boxes; plans.json run 29): 1-D D128 and D64, 2-D, 3-D
+    ((4100,), (1025,), (1,), (1,), (True,), "shifted", 1, 4, 2, 128),
+    ((3000,), (300,), (2,), (100,), (False,), "shifted", 1, 2, 1, 64),
+    ((100, 96), (48, 45), (1, 2), (16, 1), (False, True), "shifted", 1, 2, 1, 128),
+    ((14, 20, 24), (10, 10, 12), (1, 1, 2), (1, 4, 1), (False, True, False), "shifted", 1, 2, 2, 128),
 ]
 
 

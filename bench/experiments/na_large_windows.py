@@ -4,7 +4,7 @@ kernel and of the two backward kernels per launch setting, with and without the 
 
 Settings: "bm/bn[/warps[/stages]]" (bench/NOTES.md notation) with a trailing "+i" for unmasked_inside;
 backward settings are "dq setting|dkdv setting".
-Usage: python -m bench.experiments.na_large_windows [--cases 0,2] [--what fwd,bwd]
+Usage: python -m bench.experiments.na_large_windows [--cases 0,2] [--what fwd,bwd,flex] [--fwd "..."] [--bwd "..."]
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import fusedops
 from fusedops.bench.common import gpu_kernel_times_us
 from fusedops.neighborhood_attention.plan import OP, tiles_from_string
 
-# (label, heads, spatial, kernel, stride, causal)
+# (label, heads, spatial, kernel, stride, causal[, head dim (128)])
 CASES = [
     ("1D 32K w2048", 1, (32768,), (2048,), (1,), (False,)),
     ("1D 32K w2048 s256", 1, (32768,), (2048,), (256,), (False,)),
@@ -28,6 +28,12 @@ CASES = [
     ("2D 256^2 w80^2 s16 H24", 24, (256, 256), (80, 80), (16, 16), (False, False)),
     ("3D 30x48x80 w18x24x24 H24", 24, (30, 48, 80), (18, 24, 24), (1, 1, 1), (False,) * 3),
     ("3D 30x48x80 w18x24x24 s16x8x8 H24", 24, (30, 48, 80), (18, 24, 24), (16, 8, 8), (False,) * 3),
+    ("1D 16K w129 H16", 16, (16384,), (129,), (1,), (False,)),
+    ("1D 16K w513 H16", 16, (16384,), (513,), (1,), (False,)),
+    ("1D 32K w2048 D64 H4", 4, (32768,), (2048,), (1,), (False,), 64),
+    ("1D 16K w257 D64 H8", 8, (16384,), (257,), (1,), (False,), 64),
+    ("2D 128^2 w31^2 H16", 16, (128, 128), (31, 31), (1, 1), (False, False)),
+    ("2D 256^2 w80^2 D64 H24", 24, (256, 256), (80, 80), (1, 1), (False, False), 64),
 ]
 FWD = {
     1: ["", "+i", "1,1,128/1,1,64/8+i", "1,1,128/1,1,128/8+i", "1,1,64/1,1,64/4+i", "1,1,128/1,1,32/8+i",
@@ -37,17 +43,24 @@ FWD = {
     3: ["", "+i", "2,8,8/2,4,8/8+i", "4,4,8/2,4,8/8+i", "2,4,16/2,4,8/8+i", "4,4,8/4,4,8/8+i"],
 }
 BWD = {
-    1: ["|", "+i|+i", "1,1,128/1,1,64/8+i|1,1,64/1,1,128/8+i", "1,1,128/1,1,32/4+i|1,1,32/1,1,128/4+i",
-        "1,1,64/1,1,64/4+i|1,1,64/1,1,128/8+i", "1,1,128/1,1,64/8+i|1,1,128/1,1,128/8+i",
-        "1,1,128/1,1,32/8+i|1,1,32/1,1,128/8+i"],
-    2: ["|", "+i|+i", "1,8,16/1,8,8/8+i|1,8,8/1,8,16/8+i", "1,8,8/1,8,16/4+i|1,8,8/1,8,16/4+i",
-        "1,16,8/1,8,8/8+i|1,8,8/1,16,8/8+i", "1,8,16/1,4,8/8+i|1,4,8/1,8,16/8+i"],
+    1: ["|", "+i|+i", "1,1,128/1,1,32/4+i|1,1,32/1,1,128/4+i", "1,1,128/1,1,64/8+i|1,1,64/1,1,128/8+i",
+        "1,1,64/1,1,64/4+i|1,1,64/1,1,64/4+i", "1,1,128/1,1,32/8+i|1,1,32/1,1,128/8+i",
+        "1,1,64/1,1,32/4+i|1,1,32/1,1,64/4+i", "1,1,128/1,1,64/8/2+i|1,1,64/1,1,128/8/2+i",
+        "1,1,128/1,1,128/8+i|1,1,128/1,1,128/8+i", "1,1,64/1,1,128/4+i|1,1,128/1,1,64/8+i"],
+    2: ["|", "+i|+i", "1,8,8/1,8,8/4+i|1,8,8/1,8,8/4+i", "1,8,16/1,8,8/8+i|1,8,8/1,8,16/8+i",
+        "1,8,8/1,16,2/4+i|1,16,4/1,8,8/4+i", "1,8,8/1,8,16/4+i|1,4,8/1,8,16/4+i", "1,8,16/1,4,8/4+i|1,4,8/1,8,16/4+i",
+        "1,8,8/1,4,8/4+i|1,4,8/1,8,8/4+i"],
     3: ["|", "+i|+i"],
 }
 
 
+FWD_SETTINGS: list = []
+BWD_SETTINGS: list = []
+
+
 def _override(kernel: str, setting: str) -> dict:
     tiles, inside = (setting[:-2], True) if setting.endswith("+i") else (setting, False)
+    tiles = "" if tiles == "plan" else tiles
     params = tiles_from_string(tiles) if tiles else {}
     if inside:
         params["unmasked_inside"] = True
@@ -70,18 +83,64 @@ def _rel(a, b) -> float:
     return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp(min=1e-6))
 
 
+def flex_step(spatial, kernel, causal, q, k, v, go):
+    """Flex's compiled forward and fwd+bwd step with the same neighbourhood (stride 1, dilation 1) as its mask."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    def coords(idx):
+        out = []
+        for length in reversed(spatial):
+            out.append(idx % length)
+            idx = idx // length
+        return out[::-1]
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        ok = None
+        for qi, ki, length, kk, c in zip(coords(q_idx), coords(kv_idx), spatial, kernel, causal):
+            if c:
+                inside = (ki <= qi) & (ki > qi - kk)
+            else:
+                lo = torch.clamp(qi - kk // 2, 0, length - kk)
+                inside = (ki >= lo) & (ki < lo + kk)
+            ok = inside if ok is None else ok & inside
+        return ok
+
+    torch._dynamo.reset()
+    tokens = math.prod(spatial)
+    mask = create_block_mask(mask_mod, None, None, tokens, tokens, device="cuda", _compile=True)
+    compiled = torch.compile(flex_attention)
+    flat = [t.flatten(2, -2).detach().requires_grad_() for t in (q, k, v)]
+    gof = go.flatten(2, -2)
+
+    def fwd():
+        with torch.no_grad():
+            return compiled(*flat, block_mask=mask)
+
+    def step():
+        return torch.autograd.grad(compiled(*flat, block_mask=mask), flat, gof)
+
+    return fwd, step
+
+
 def run_case(case, what) -> list[str]:
-    label, h, spatial, kernel, stride, causal = case
+    label, h, spatial, kernel, stride, causal, d = (*case, 128)[:7]
     gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(1, h, *spatial, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    q, k, v = (torch.randn(1, h, *spatial, d, device="cuda", dtype=torch.bfloat16, generator=gen)
                for _ in range(3))
     go = torch.randn_like(q)
-    flops = 4.0 * h * math.prod(spatial) * math.prod(kernel) * 128
+    flops = 4.0 * h * math.prod(spatial) * math.prod(kernel) * d
     args = dict(kernel_size=list(kernel), stride=list(stride), is_causal=list(causal))
     rows = []
+    if "flex" in what and all(x == 1 for x in stride):
+        fwd, step = flex_step(spatial, kernel, causal, q, k, v, go)
+        fwd(), step()
+        f_us, s_us = sum(gpu_kernel_times_us(fwd, reps=5).values()), sum(gpu_kernel_times_us(step, reps=3).values())
+        rows.append(f"{label:34s} flex fwd {f_us:10.1f} us {flops / f_us / 1e6:6.0f} TF/s   fwd+bwd {s_us:10.1f} us "
+                    f"{3.5 * flops / s_us / 1e6:6.0f} TF/s")
+        print(rows[-1], flush=True)
     if "fwd" in what:
         ref = None
-        for setting in FWD[len(spatial)]:
+        for setting in FWD_SETTINGS or FWD[len(spatial)]:
             try:
                 with forced(fwd=setting), torch.no_grad():
                     def fn():
@@ -97,7 +156,7 @@ def run_case(case, what) -> list[str]:
     if "bwd" in what:
         qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
         ref = None
-        for setting in BWD[len(spatial)]:
+        for setting in BWD_SETTINGS or BWD[len(spatial)]:
             dq_set, _, dkdv_set = setting.partition("|")
             try:
                 with forced(dq=dq_set, dkdv=dkdv_set):
@@ -124,8 +183,12 @@ def run_case(case, what) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cases", default=",".join(map(str, range(len(CASES)))))
-    parser.add_argument("--what", default="fwd,bwd")
+    parser.add_argument("--what", default="fwd,bwd", help="fwd, bwd and/or flex")
+    parser.add_argument("--fwd", default="", help="space-separated forward settings instead of FWD's")
+    parser.add_argument("--bwd", default="", help="space-separated backward settings instead of BWD's")
     args = parser.parse_args()
+    FWD_SETTINGS[:] = args.fwd.split()
+    BWD_SETTINGS[:] = args.bwd.split()
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     rows = []
     for i in map(int, args.cases.split(",")):

@@ -219,10 +219,11 @@ def make_plan(
     dkdv_regs = None if own_boxes is not None or "bm" in force_dkdv or "bn" in force_dkdv else plan.dkdv_registers
     if any(k in force_dkdv for k in ("bm", "bn", "num_warps", "num_stages", "registers", "mask_bits")):
         box_m, box_n = own_boxes or (plan.bm, plan.bn)
-        dkdv = (force_dkdv.get("bm", box_m), force_dkdv.get("bn", box_n), force_dkdv.get("num_warps"),
+        own_warps = (row["dkdv_num_warps"] or None) if own_boxes is not None else None
+        dkdv = (force_dkdv.get("bm", box_m), force_dkdv.get("bn", box_n), force_dkdv.get("num_warps", own_warps),
                 force_dkdv.get("num_stages", stages))
     elif own_boxes is not None:
-        dkdv = (*own_boxes, warps, stages)
+        dkdv = (*own_boxes, row["dkdv_num_warps"] or warps, stages)
     if dkdv is not None:
         box_m, box_n, dkdv_warps, dkdv_stages = dkdv
         plan = replace(plan, dkdv=replace(plan, bm=tuple(_clamp(list(box_m), group_len, floor)),
