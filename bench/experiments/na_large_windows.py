@@ -2,8 +2,8 @@
 kernel and of the two backward kernels per launch setting, with and without the unmasked inside boxes
 (Plan.unmasked_inside), each setting's results checked against the first one's.
 
-Settings: "bm/bn[/warps[/stages]]" (bench/NOTES.md notation) with a trailing "+i" for unmasked_inside;
-backward settings are "dq setting|dkdv setting".
+Settings: "bm/bn[/warps[/stages]]" (bench/NOTES.md notation) or "plan", with "+i" for unmasked_inside; backward
+settings are "dq setting|dkdv setting".
 Usage: python -m bench.experiments.na_large_windows [--cases 0,2] [--what fwd,bwd,flex] [--fwd "..."] [--bwd "..."]
 """
 
@@ -59,10 +59,10 @@ BWD_SETTINGS: list = []
 
 
 def _override(kernel: str, setting: str) -> dict:
-    tiles, inside = (setting[:-2], True) if setting.endswith("+i") else (setting, False)
+    tiles, *flags = setting.split("+")
     tiles = "" if tiles == "plan" else tiles
     params = tiles_from_string(tiles) if tiles else {}
-    if inside:
+    if "i" in flags:
         params["unmasked_inside"] = True
     if kernel == "bwd":
         params["fused_block"] = 0
