@@ -6,6 +6,7 @@ Runs the real command in a subprocess (as a user would), plus unit checks of the
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -293,3 +294,33 @@ def test_attn_res_grid_heatmaps(tmp_path):
             for p, ratio in (("fusedops", 1.0), ("fla", 1.3), ("liger", 0.9))]
     paths = grid.heatmaps(rows, tmp_path, "t", "title")
     assert [p.name for p in paths] == ["t-copy.png", "t-vs-baseline.png"] and all(p.stat().st_size for p in paths)
+
+
+# ---- the neighborhood-attention grid (issue #32) --------------------------------------------------------------
+
+
+def test_na_grid_covers_the_issue_and_flex_sees_fusedops_windows():
+    """The grid holds at least 30 shapes over what the issue lists (1-D windows 3..4096 with causal sliding windows
+    of 1024 and 4096 and dilation up to 8, 2-D windows 3x3 up to 13x13 and beyond with dilation, 3-D shapes, head
+    dims 32..256, GQA), and the Flex baseline's mask is fusedops' neighbourhood: on small shapes with dilation and
+    causal axes its dense mask equals the reference's neighbour table."""
+    from fusedops.bench import na_grid
+    from fusedops.neighborhood_attention.reference import neighbor_table
+
+    grid = na_grid.GRID
+    assert len(grid) >= 30 and len({na_grid.label(c) for c in grid}) == len(grid)
+    one_d = [c for c in grid if len(c[3]) == 1]
+    assert {c[5][0] for c in one_d if c[7][0]} >= {1024, 4096} and max(c[6][0] for c in one_d) == 8
+    assert min(c[5][0] for c in one_d) == 3 and max(c[5][0] for c in one_d) == 4096
+    assert {c[4] for c in grid} == {32, 64, 96, 128, 256} and any(c[2] != c[1] for c in grid)
+    assert {len(c[3]) for c in grid} == {1, 2, 3} and sum(map(na_grid.small_window, grid)) >= 8
+    assert any(len(c[3]) == 2 and max(c[6]) > 1 for c in grid)
+    for spatial, kernel, dil, causal in [((23,), (5,), (3,), (False,)), ((19,), (6,), (2,), (True,)),
+                                         ((9, 10), (3, 4), (2, 1), (False, True)),
+                                         ((5, 6, 7), (3, 2, 3), (1, 2, 2), (True, False, False))]:
+        s = math.prod(spatial)
+        index, valid = neighbor_table(spatial, kernel, dil, (1,) * len(spatial), causal, "shifted")
+        want = torch.zeros(s, s, dtype=torch.bool)
+        want[torch.arange(s)[:, None].expand_as(index)[valid], index[valid]] = True
+        got = na_grid.mask_mod_for(spatial, kernel, dil, causal)(0, 0, torch.arange(s)[:, None], torch.arange(s)[None, :])
+        assert torch.equal(got, want), (spatial, kernel, dil, causal)
