@@ -10,6 +10,7 @@
 # breakdown = fusedops.bench.breakdown (device time per kernel of a fwd+bwd step),
 # block = fusedops.bench.block_attn_res (PARTS, default all four),
 # grid = fusedops.bench.attn_res_grid (issue 31's attn_res shape grid, GRID_S; JSON and heatmaps into $OUT),
+# nagrid = fusedops.bench.na_grid (issue 32's neighborhood-attention grid against Flex; PART, default 1/2),
 # tests = the GPU tests, aoti = the AOTInductor package test (3.5-5 min of compiling), lm = the example model,
 # bench = python -m fusedops.bench.
 set -u
@@ -59,6 +60,10 @@ for step in ${STEPS:-tests bench}; do
       echo "grid (exit $?):"
       if grep -q "^attn_res grid summary" "$OUT/grid.txt"; then sed -n '/^attn_res grid summary/,$p' "$OUT/grid.txt"
       else grep -E " ms" "$OUT/grid.txt" | tail -n 40; fi ;;
+    nagrid)
+      timeout "${NAGRID_S:-560}" python3 -m fusedops.bench.na_grid --part "${PART:-1/2}" --out "$OUT/na_grid.json" \
+        > "$OUT/na_grid.txt" 2>&1
+      echo "na grid (exit $?):"; grep -v -i -e warn -e create_block_mask "$OUT/na_grid.txt" | tail -n 25 ;;
     tests)
       tests=()
       for op in ${OPS:-attn_res block_attn_res embedding neighborhood_attention hardening}; do tests+=("fusedops_tests/test_$op.py"); done
