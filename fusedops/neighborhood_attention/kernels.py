@@ -7,7 +7,8 @@ and the neighbourhood test is plain interval arithmetic on within-group coordina
     original position = within-group index * dilation + group.
 A query tile walks only the key boxes (BN0 x BN1 x BN2) that cover the union of its rows' windows,
 masks per element (per-axis interval compares, or in 2-D/3-D one AND of per-row bit sets over the key
-box: _window_bits), and keeps an online softmax in base 2. The backward walks, for each key tile,
+box: _window_bits; none for a key box inside the window every row shares, with INSIDE: _box_masked), and keeps
+an online softmax in base 2. The backward walks, for each key tile,
 exactly the queries whose windows reach it (per axis, the closed-form inverse of the monotone
 window ends; each query chunk also tested against the box, a test the exact spans make redundant
 and the plan may drop: WALK_TESTS), accumulating dK/dV in registers over all query heads of its GQA
