@@ -936,13 +936,27 @@ def test_window_mask_variants_match_oracle(path, ndim, mask_bits, walk_tests):
     assert all(meta["WALK_TESTS"] == walk_tests for name, _, meta in launches if name == "na_bwd_dkdv_kernel")
 
 
-@pytest.mark.parametrize("path", KERNEL_PATHS)
-@pytest.mark.parametrize("spatial, ks, dil, strd, causal, window, bm, bn", [
+# (spatial, kernel, dilation, stride, causal, window, query box, key box): windows several boxes wide
+_INSIDE_CASES = [
     ([40], [17], [1], [1], [False], "shifted", (1, 1, 4), (1, 1, 4)),
     ([40], [16], [1], [4], [True], "shifted", (1, 1, 4), (1, 1, 4)),  # stride groups of whole query boxes
     ([45], [9], [2], [1], [False], "truncated", (1, 1, 4), (1, 1, 2)),
     ([12, 11], [7, 6], [1, 1], [1, 3], [False, True], "shifted", (1, 2, 4), (1, 2, 2)),
     ([5, 8, 5], [4, 4, 4], [1, 2, 1], [1, 2, 1], [True, False, False], "shifted", (2, 2, 2), (2, 2, 2)),
+]
+# the same on boxes of 16 cells or more: triton-ascend's interpreter takes no smaller dot
+_INSIDE_CASES_16 = [
+    ([72], [41], [1], [1], [False], "shifted", (1, 1, 16), (1, 1, 16)),
+    ([72], [32], [1], [16], [True], "shifted", (1, 1, 16), (1, 1, 16)),
+    ([20, 18], [11, 9], [1, 1], [1, 1], [False, True], "shifted", (1, 4, 4), (1, 4, 4)),
+]
+
+
+@pytest.mark.parametrize("path, spatial, ks, dil, strd, causal, window, bm, bn", [
+    pytest.param("cuda", *c, marks=pytest.mark.interpreter, id=f"cuda-plan-{i}") for i, c in enumerate(_INSIDE_CASES)
+] + [
+    pytest.param("ascend", *c, marks=[pytest.mark.interpreter, pytest.mark.ascend], id=f"ascend-plan-{i}")
+    for i, c in enumerate(_INSIDE_CASES_16)
 ])
 def test_unmasked_inside_boxes_match_oracle(path, spatial, ks, dil, strd, causal, window, bm, bn):
     """Plan.unmasked_inside: key boxes inside the window every row of the query tile (or, in dK/dV, of the query
