@@ -302,9 +302,11 @@ def test_attn_res_grid_heatmaps(tmp_path):
 def test_na_grid_covers_the_issue_and_flex_sees_fusedops_windows():
     """The grid holds at least 30 shapes over what the issue lists (1-D windows 3..4096 with causal sliding windows
     of 1024 and 4096 and dilation up to 8, 2-D windows 3x3 up to 13x13 and beyond with dilation, 3-D shapes, head
-    dims 32..256, GQA), and the Flex baseline's mask is fusedops' neighbourhood: on small shapes with dilation and
-    causal axes its dense mask equals the reference's neighbour table."""
+    dims 32..256, GQA), and the Flex baselines' mask (the grid's and `python -m fusedops.bench`'s) is fusedops'
+    neighbourhood: on small shapes with dilation and causal axes its dense mask equals the reference's neighbour
+    table."""
     from fusedops.bench import na_grid
+    from fusedops.bench.neighborhood_attention import neighborhood_mask_mod
     from fusedops.neighborhood_attention.reference import neighbor_table
 
     grid = na_grid.GRID
@@ -317,10 +319,13 @@ def test_na_grid_covers_the_issue_and_flex_sees_fusedops_windows():
     assert any(len(c[3]) == 2 and max(c[6]) > 1 for c in grid)
     for spatial, kernel, dil, causal in [((23,), (5,), (3,), (False,)), ((19,), (6,), (2,), (True,)),
                                          ((9, 10), (3, 4), (2, 1), (False, True)),
-                                         ((5, 6, 7), (3, 2, 3), (1, 2, 2), (True, False, False))]:
+                                         ((5, 6, 7), (3, 2, 3), (1, 2, 2), (True, False, False)),
+                                         ((11, 12), (5, 7), None, None)]:  # the benchmark's default call
         s = math.prod(spatial)
-        index, valid = neighbor_table(spatial, kernel, dil, (1,) * len(spatial), causal, "shifted")
+        index, valid = neighbor_table(spatial, kernel, dil or (1,) * len(spatial), (1,) * len(spatial),
+                                      causal or (False,) * len(spatial), "shifted")
         want = torch.zeros(s, s, dtype=torch.bool)
         want[torch.arange(s)[:, None].expand_as(index)[valid], index[valid]] = True
-        got = na_grid.mask_mod_for(spatial, kernel, dil, causal)(0, 0, torch.arange(s)[:, None], torch.arange(s)[None, :])
+        mask_mod = neighborhood_mask_mod(spatial, kernel, dil, causal)
+        got = mask_mod(0, 0, torch.arange(s)[:, None], torch.arange(s)[None, :])
         assert torch.equal(got, want), (spatial, kernel, dil, causal)

@@ -17,6 +17,7 @@ import torch
 
 import fusedops
 from fusedops.bench.common import gpu_kernel_times_us
+from fusedops.bench.na_grid import flex_call
 from fusedops.neighborhood_attention.plan import OP, tiles_from_string
 
 # (label, heads, spatial, kernel, stride, causal[, head dim (128)])
@@ -85,39 +86,15 @@ def _rel(a, b) -> float:
 
 def flex_step(spatial, kernel, causal, q, k, v, go):
     """Flex's compiled forward and fwd+bwd step with the same neighbourhood (stride 1, dilation 1) as its mask."""
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
-    def coords(idx):
-        out = []
-        for length in reversed(spatial):
-            out.append(idx % length)
-            idx = idx // length
-        return out[::-1]
-
-    def mask_mod(b, h, q_idx, kv_idx):
-        ok = None
-        for qi, ki, length, kk, c in zip(coords(q_idx), coords(kv_idx), spatial, kernel, causal):
-            if c:
-                inside = (ki <= qi) & (ki > qi - kk)
-            else:
-                lo = torch.clamp(qi - kk // 2, 0, length - kk)
-                inside = (ki >= lo) & (ki < lo + kk)
-            ok = inside if ok is None else ok & inside
-        return ok
-
-    torch._dynamo.reset()
-    tokens = math.prod(spatial)
-    mask = create_block_mask(mask_mod, None, None, tokens, tokens, device="cuda", _compile=True)
-    compiled = torch.compile(flex_attention)
-    flat = [t.flatten(2, -2).detach().requires_grad_() for t in (q, k, v)]
-    gof = go.flatten(2, -2)
+    call = flex_call((1, q.shape[1], k.shape[1], spatial, q.shape[-1], kernel, (1,) * len(spatial), causal), q.device)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
 
     def fwd():
         with torch.no_grad():
-            return compiled(*flat, block_mask=mask)
+            return call(q, k, v)
 
     def step():
-        return torch.autograd.grad(compiled(*flat, block_mask=mask), flat, gof)
+        return torch.autograd.grad(call(*leaves), leaves, go)
 
     return fwd, step
 

@@ -21,7 +21,7 @@ import statistics
 
 import torch
 
-from fusedops.neighborhood_attention.reference import axis_window
+from fusedops.bench.neighborhood_attention import neighborhood_mask_mod
 
 # (B, H, H_kv, spatial, D, kernel, dilation, causal)
 GRID = [
@@ -74,35 +74,17 @@ def small_window(case) -> bool:
     return (len(kernel) == 1 and kernel[0] <= 33) or (len(kernel) == 2 and max(kernel) <= 13)
 
 
-def mask_mod_for(spatial, kernel, dilation, causal):
-    """flex_attention mask_mod of fusedops' shifted window (stride 1) over flattened row-major positions, built
-    from the reference's per-axis window (fusedops.neighborhood_attention.reference.axis_window)."""
-    def mask_mod(b, h, q_idx, kv_idx):
-        ok = None
-        qr, kr = q_idx, kv_idx
-        for length, k, d, c in reversed(list(zip(spatial, kernel, dilation, causal))):
-            qi, ki = qr % length, kr % length
-            qr, kr = qr // length, kr // length
-            g = qi % d
-            lg = length // d + (g < length % d).to(qi.dtype)
-            lo, hi = axis_window(qi // d, lg, k, 1, c, "shifted")
-            kw = ki // d
-            inside = (ki % d == g) & (kw >= lo) & (kw <= hi)
-            ok = inside if ok is None else ok & inside
-        return ok
-
-    return mask_mod
-
-
-def _flex(case, q, k, v):
+def flex_call(case, device):
+    """Flex's compiled call on [B, H, *spatial, D] q, k, v with the case's neighbourhood as its block mask (built
+    once) and GQA where H_kv < H."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     b, h, hkv, spatial, d, kernel, dil, causal = case
     tokens = math.prod(spatial)
     torch._dynamo.reset()
     # (an uncompiled mask builder materializes the tokens x tokens mask: fine up to 32K tokens, and no compile)
-    mask = create_block_mask(mask_mod_for(spatial, kernel, dil, causal), None, None, tokens, tokens,
-                             device=q.device, _compile=tokens > 32768)
+    mask = create_block_mask(neighborhood_mask_mod(spatial, kernel, dil, causal), None, None, tokens, tokens,
+                             device=device, _compile=tokens > 32768)
     compiled = torch.compile(flex_attention)
     return lambda q, k, v: compiled(q.flatten(2, -2), k.flatten(2, -2), v.flatten(2, -2), block_mask=mask,
                                     enable_gqa=hkv != h).unflatten(2, spatial)
@@ -126,7 +108,7 @@ def measure(case) -> dict:
     providers = {
         "fusedops": lambda q, k, v: fusedops.neighborhood_attention(q, k, v, list(kernel), dilation=list(dil),
                                                                    is_causal=list(causal)),
-        "flex": _flex(case, q, k, v),
+        "flex": flex_call(case, q.device),
     }
     row: dict = {"case": label(case), "flops_fwd": 4.0 * b * h * math.prod(spatial) * math.prod(kernel) * d}
     outs = {}

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from fusedops.bench.common import Context, alternated_rows, measure, optional_import
+from fusedops.neighborhood_attention.reference import axis_window
 
 OP = "neighborhood_attention"
 # (B, H, spatial, D, kernel)
@@ -50,20 +51,24 @@ def case_label(case) -> str:
     return f"B{b} H{h} {'x'.join(map(str, spatial))} D{d} k{'x'.join(map(str, kernel))}"
 
 
-def shifted_mask_mod(spatial, kernel):
-    """FlexAttention mask_mod of the shifted (NATTEN) window, stride 1, dilation 1, over flattened tokens."""
-    def coords(idx):
-        out = []
-        for length in reversed(spatial):
-            out.append(idx % length)
-            idx = idx // length
-        return out[::-1]
+def neighborhood_mask_mod(spatial, kernel, dilation=None, causal=None):
+    """FlexAttention mask_mod of fusedops' shifted (NATTEN) window, stride 1, over flattened row-major positions,
+    built from the reference's per-axis window (fusedops.neighborhood_attention.reference.axis_window);
+    dilation 1 and no causal axis unless given."""
+    dilation = dilation or (1,) * len(spatial)
+    causal = causal or (False,) * len(spatial)
 
     def mask_mod(b, h, q_idx, kv_idx):
         ok = None
-        for qi, ki, length, k in zip(coords(q_idx), coords(kv_idx), spatial, kernel):
-            lo = torch.clamp(qi - k // 2, 0, length - k)
-            inside = (ki >= lo) & (ki < lo + k)
+        qr, kr = q_idx, kv_idx
+        for length, k, d, c in reversed(list(zip(spatial, kernel, dilation, causal))):
+            qi, ki = qr % length, kr % length
+            qr, kr = qr // length, kr // length
+            g = qi % d
+            lg = length // d + (g < length % d).to(qi.dtype)
+            lo, hi = axis_window(qi // d, lg, k, 1, c, "shifted")
+            kw = ki // d
+            inside = (ki % d == g) & (kw >= lo) & (kw <= hi)
             ok = inside if ok is None else ok & inside
         return ok
 
@@ -120,7 +125,7 @@ def providers(ctx: Context, case, sweep: bool):
             fa = optional_import("torch.nn.attention.flex_attention")
             torch._dynamo.reset()  # one compiled flex per case: never hit the recompile limit (eager fallback)
             tokens = math.prod(spatial)
-            block_mask = fa.create_block_mask(shifted_mask_mod(spatial, kernel), None, None, tokens, tokens,
+            block_mask = fa.create_block_mask(neighborhood_mask_mod(spatial, kernel), None, None, tokens, tokens,
                                               device=ctx.device, _compile=True)
             compiled = torch.compile(fa.flex_attention)
             return lambda q, k, v: compiled(q, k, v, block_mask=block_mask)
