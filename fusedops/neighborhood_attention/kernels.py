@@ -91,12 +91,13 @@ def _tile_axis(a, NB, DL, L, B: tl.constexpr, r):
 
 @triton.jit
 def _tile_windows(i, start, lg, K, ST, CAUSAL, B: tl.constexpr, TRUNCATED: tl.constexpr):
-    """Per-row key windows [lo, hi] of a query tile's cells, and the key range [klo, khi] the whole
-    tile needs (window ends are nondecreasing in the query, so the first and last rows bound it)."""
+    """Per-row key windows [lo, hi] of a query tile's cells, the key range [klo, khi] the whole tile needs and
+    the keys [slo, shi] every row sees (window ends are nondecreasing in the query, so the first and last rows
+    bound both; see _shared_window)."""
     lo, hi = _window(i, lg, K, ST, CAUSAL, TRUNCATED)
-    klo, _ = _window(start, lg, K, ST, CAUSAL, TRUNCATED)
-    _, khi = _window(tl.minimum(start + B - 1, lg - 1), lg, K, ST, CAUSAL, TRUNCATED)
-    return lo, hi, klo, khi
+    klo, shi = _window(start, lg, K, ST, CAUSAL, TRUNCATED)
+    slo, khi = _window(tl.minimum(start + B - 1, lg - 1), lg, K, ST, CAUSAL, TRUNCATED)
+    return lo, hi, klo, khi, slo, shi
 
 
 @triton.jit
@@ -443,19 +444,13 @@ def na_fwd_kernel(
         if DOT_FP32:
             q = q.to(tl.float32)
         # per-row windows, and the key range of the whole tile (windows are monotone in the query)
-        lo2, hi2, klo2, khi2 = _tile_windows(i2, i02, lg2, K2, ST2, C2, BM2, TRUNCATED)
-        lo1, hi1, klo1, khi1 = 0, 0, 0, 0  # axes a 1-D or 2-D problem does not have
-        lo0, hi0, klo0, khi0 = 0, 0, 0, 0
+        lo2, hi2, klo2, khi2, slo2, shi2 = _tile_windows(i2, i02, lg2, K2, ST2, C2, BM2, TRUNCATED)
+        lo1, hi1, klo1, khi1, slo1, shi1 = 0, 0, 0, 0, 0, 0  # axes a 1-D or 2-D problem does not have
+        lo0, hi0, klo0, khi0, slo0, shi0 = 0, 0, 0, 0, 0, 0
         if NDIM >= 2:
-            lo1, hi1, klo1, khi1 = _tile_windows(i1, i01, lg1, K1, ST1, C1, BM1, TRUNCATED)
+            lo1, hi1, klo1, khi1, slo1, shi1 = _tile_windows(i1, i01, lg1, K1, ST1, C1, BM1, TRUNCATED)
         if NDIM >= 3:
-            lo0, hi0, klo0, khi0 = _tile_windows(i0, i00, lg0, K0, ST0, C0, BM0, TRUNCATED)
-        slo2, shi2 = _shared_window(i02, tl.minimum(i02 + BM2 - 1, lg2 - 1), lg2, K2, ST2, C2, TRUNCATED)
-        slo1, shi1, slo0, shi0 = 0, 0, 0, 0
-        if NDIM >= 2:
-            slo1, shi1 = _shared_window(i01, tl.minimum(i01 + BM1 - 1, lg1 - 1), lg1, K1, ST1, C1, TRUNCATED)
-        if NDIM >= 3:
-            slo0, shi0 = _shared_window(i00, tl.minimum(i00 + BM0 - 1, lg0 - 1), lg0, K0, ST0, C0, TRUNCATED)
+            lo0, hi0, klo0, khi0, slo0, shi0 = _tile_windows(i0, i00, lg0, K0, ST0, C0, BM0, TRUNCATED)
         kv_base_k = b.to(tl.int64) * skb + hk.to(tl.int64) * skh
         kv_base_v = b.to(tl.int64) * svb + hk.to(tl.int64) * svh
         m_i = tl.full([BM0 * BM1 * BM2], float("-inf"), ACC)
@@ -572,19 +567,13 @@ def na_bwd_dq_kernel(
             delta -= tl.load(dlse_ptr + flat, mask=row_ok, other=0.0).to(ACC)
         tl.store(delta_ptr + flat, delta, mask=row_ok)
         # per-row windows, and the key range of the whole tile (windows are monotone in the query)
-        lo2, hi2, klo2, khi2 = _tile_windows(i2, i02, lg2, K2, ST2, C2, BM2, TRUNCATED)
-        lo1, hi1, klo1, khi1 = 0, 0, 0, 0  # axes a 1-D or 2-D problem does not have
-        lo0, hi0, klo0, khi0 = 0, 0, 0, 0
+        lo2, hi2, klo2, khi2, slo2, shi2 = _tile_windows(i2, i02, lg2, K2, ST2, C2, BM2, TRUNCATED)
+        lo1, hi1, klo1, khi1, slo1, shi1 = 0, 0, 0, 0, 0, 0  # axes a 1-D or 2-D problem does not have
+        lo0, hi0, klo0, khi0, slo0, shi0 = 0, 0, 0, 0, 0, 0
         if NDIM >= 2:
-            lo1, hi1, klo1, khi1 = _tile_windows(i1, i01, lg1, K1, ST1, C1, BM1, TRUNCATED)
+            lo1, hi1, klo1, khi1, slo1, shi1 = _tile_windows(i1, i01, lg1, K1, ST1, C1, BM1, TRUNCATED)
         if NDIM >= 3:
-            lo0, hi0, klo0, khi0 = _tile_windows(i0, i00, lg0, K0, ST0, C0, BM0, TRUNCATED)
-        slo2, shi2 = _shared_window(i02, tl.minimum(i02 + BM2 - 1, lg2 - 1), lg2, K2, ST2, C2, TRUNCATED)
-        slo1, shi1, slo0, shi0 = 0, 0, 0, 0
-        if NDIM >= 2:
-            slo1, shi1 = _shared_window(i01, tl.minimum(i01 + BM1 - 1, lg1 - 1), lg1, K1, ST1, C1, TRUNCATED)
-        if NDIM >= 3:
-            slo0, shi0 = _shared_window(i00, tl.minimum(i00 + BM0 - 1, lg0 - 1), lg0, K0, ST0, C0, TRUNCATED)
+            lo0, hi0, klo0, khi0, slo0, shi0 = _tile_windows(i0, i00, lg0, K0, ST0, C0, BM0, TRUNCATED)
         kv_base_k = b.to(tl.int64) * skb + hk.to(tl.int64) * skh
         kv_base_v = b.to(tl.int64) * svb + hk.to(tl.int64) * svh
         dq = tl.zeros([BM0 * BM1 * BM2, BLOCK_D], ACC)
