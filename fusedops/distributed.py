@@ -158,14 +158,15 @@ def _na_shardable_dims(q, k) -> list[int]:
     return dims
 
 
-def _na_forward(q, k, v, kernel_size, dilation, stride, is_causal, scale, window):
-    rest = [None] * 6
+def _na_forward(q, k, v, kernel_size, dilation, stride, is_causal, scale, window, query_offset=None):
+    rest = [None] * 7
     return [([R, R], [R, R, R, *rest])] + [
         ([Shard(d), Shard(d)], [Shard(d), Shard(d), Shard(d), *rest]) for d in _na_shardable_dims(q, k)]
 
 
-def _na_backward(grad_out, grad_lse, q, k, v, out, lse, kernel_size, dilation, stride, is_causal, scale, window):
-    rest = [None] * 6
+def _na_backward(grad_out, grad_lse, q, k, v, out, lse, kernel_size, dilation, stride, is_causal, scale, window,
+                 query_offset=None):
+    rest = [None] * 7
     glse = None if grad_lse is None else R
     rules = [([R, R, R], [R, glse, R, R, R, R, R, *rest])]
     for d in _na_shardable_dims(q, k):

@@ -188,6 +188,38 @@ def test_matches_dense_oracle(path, case):
         check_case(case)
 
 
+@pytest.mark.parametrize("path", PATHS)
+@given(case=na_cases(max_len={1: 16, 2: 7, 3: 4}), data=st.data())
+@settings(max_examples=8)
+def test_query_offset_computes_a_box_of_the_grid(path, case, data):
+    """q holding a box of k's grid (query_offset) gives the box's rows of the whole grid's out and lse, dq of
+    those rows, and the whole grid's dk/dv when only the box's rows carry gradient: against the float64 oracle
+    on the whole grid. The box is a view of a (maybe heads-last) whole-grid q: its strides are not q's own."""
+    box = [data.draw(st.integers(1, n)) for n in case["spatial"]]
+    offset = [data.draw(st.integers(0, n - m)) for n, m in zip(case["spatial"], box)]
+    rows = (slice(None), slice(None), *(slice(o, o + m) for o, m in zip(offset, box)))
+    q_grid, k, v, grad_grid, grad_lse_grid = build(case)
+    q = q_grid[rows]
+    grad_out = torch.zeros_like(grad_grid)
+    grad_out[rows] = grad_grid[rows]
+    grad_lse = None if grad_lse_grid is None else torch.zeros_like(grad_lse_grid)
+    if grad_lse is not None:
+        grad_lse[rows] = grad_lse_grid[rows]
+    with execution_path(path):
+        q_in, k_in, v_in = (t.detach().requires_grad_() for t in (q, k, v))
+        out, lse = fusedops.neighborhood_attention(
+            q_in, k_in, v_in, case["ks"], case["dil"], case["strd"], case["causal"], scale=case["scale"],
+            window=case["window"], return_lse=True, query_offset=offset)
+        loss = (out * grad_out[rows]).sum() + (0 if grad_lse is None else (lse * grad_lse[rows]).sum())
+        grads = torch.autograd.grad(loss, (q_in, k_in, v_in))
+    ref_out, ref_lse, (ref_dq, ref_dk, ref_dv) = run_oracle(q_grid, k, v, grad_out, grad_lse, case)
+    assert out.shape == (*q.shape[:-1], v.shape[-1]) and lse.shape == q.shape[:-1]
+    assert_close("out", out, ref_out[rows], torch.float32, 2.0)
+    assert_close("lse", lse, ref_lse[rows], torch.float32, 1.0)
+    for name, g, r in zip(("dq", "dk", "dv"), grads, (ref_dq[rows], ref_dk, ref_dv)):
+        assert_close(name, g, r, torch.float32, 4.0)
+
+
 @given(case=na_cases(dtypes=DTYPES))
 @settings(max_examples=40)
 def test_reference_matches_dense_oracle_all_dtypes(case):
@@ -608,7 +640,16 @@ BAD_INPUTS = {
     "batch_mismatch": (lambda q, k, v: dict(q=q, k=torch.randn(2, 2, 9, 8), v=v, kernel_size=3),
                        r"^k must have q's batch size"),
     "spatial_mismatch": (lambda q, k, v: dict(q=q, k=k, v=torch.randn(1, 2, 8, 8), kernel_size=3),
-                         r"^v must have q's spatial shape"),
+                         r"^v must have k's spatial shape"),
+    "k_grid_without_query_offset": (lambda q, k, v: dict(q=q, k=torch.randn(1, 2, 12, 8), v=torch.randn(1, 2, 12, 8),
+                                                         kernel_size=3), r"^k must have q's spatial shape"),
+    "query_offset_outside_k": (lambda q, k, v: dict(q=q, k=torch.randn(1, 2, 12, 8), v=torch.randn(1, 2, 12, 8),
+                                                    kernel_size=3, query_offset=4),
+                               r"^query_offset must place q's spatial box \(9,\) inside k's \(12,\)"),
+    "query_offset_negative": (lambda q, k, v: dict(q=q, k=k, v=v, kernel_size=3, query_offset=-1),
+                              r"^query_offset must place q's spatial box"),
+    "query_offset_wrong_axes": (lambda q, k, v: dict(q=q, k=k, v=v, kernel_size=3, query_offset=(0, 0)),
+                                r"^query_offset must have one entry per spatial axis"),
     "head_dim_mismatch": (lambda q, k, v: dict(q=q, k=torch.randn(1, 2, 9, 16), v=v, kernel_size=3),
                           r"^k must have q's head dim"),
     "heads_not_divisible": (lambda q, k, v: dict(q=torch.randn(1, 3, 9, 8), k=k, v=v, kernel_size=3),

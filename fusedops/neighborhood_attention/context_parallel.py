@@ -1,16 +1,16 @@
 """Context-parallel neighborhood attention: q, k, v sharded along one spatial axis over a process group.
 
 Each rank holds a contiguous slab of the axis (rank order = slab order). A query's window reaches at most
-a few kernel lengths (times the dilation) along the axis, so each rank needs only the halo of positions
-around its slab that its windows reach: it receives those rows of q, k and v from the ranks that own
-them (point-to-point, torch.distributed, as many hops as the halo spans), runs the single-device op on
-the extended slab, and keeps its own queries' rows. The extended slab starts where the global axis does
-or far enough out that no window of a local query is cut or shifted by its edge, and at a multiple of
-dilation x stride so that stride groups (GNA) line up with the global ones: every local result equals
-the single-device op's. The backward sends the halo rows' gradients back to their owners, which add them.
+a few kernel lengths (times the dilation) along the axis, so each rank needs only the halo of key positions
+around its slab that its windows reach: it receives those rows of k and v from the ranks that own them
+(point-to-point, torch.distributed, as many hops as the halo spans) and runs the single-device op on its own
+queries against the extended keys (the op's query_offset: no halo query is computed). The extended slab
+starts where the global axis does or far enough out that no window of a local query is cut or shifted by
+its edge, and at a multiple of dilation x stride so that stride groups (GNA) line up with the global ones:
+every local result equals the single-device op's. The backward sends the halo keys' gradients back to their
+owners, which add them.
 
-Not yet: overlapping the exchange with the interior's compute, and computing only the local queries (the
-halo's query rows are computed and dropped; the waste is halo / slab).
+Not yet: overlapping the exchange with the interior's compute.
 """
 
 from __future__ import annotations
@@ -132,10 +132,11 @@ def context_parallel_neighborhood_attention(
     halo = axis_halo(ks[axis], dil[axis], st[axis], causal[axis], window)
     ranges = slab_ranges(lengths, halo, dil[axis] * st[axis], ks[axis] * dil[axis])
     dim = 2 + axis
-    q_ext, k_ext, v_ext = (_Halo.apply(t, dim, rank, ranges, group) for t in (q, k, v))
-    out, lse = neighborhood_attention(q_ext, k_ext, v_ext, ks, dil, st, causal, scale, window, return_lse=True)
-    start, end, lo, _ = ranges[rank]
-    out, lse = out.narrow(dim, start - lo, end - start), lse.narrow(dim, start - lo, end - start)
+    k_ext, v_ext = (_Halo.apply(t, dim, rank, ranges, group) for t in (k, v))
+    offset = [0] * ndim
+    offset[axis] = ranges[rank][0] - ranges[rank][2]  # this slab's first position in the extended one
+    out, lse = neighborhood_attention(q, k_ext, v_ext, ks, dil, st, causal, scale, window, return_lse=True,
+                                      query_offset=offset)
     return (out, lse) if return_lse else out
 
 

@@ -73,6 +73,14 @@ def _query_span(jl, jh, lg, K, ST, CAUSAL, TRUNCATED: tl.constexpr):
 
 
 @triton.jit
+def _clipped_span(jl, jh, lg, g, DL, QO, QL, K, ST, CAUSAL, TRUNCATED: tl.constexpr):
+    """_query_span cut to the queries q holds (see _query_range)."""
+    first, last = _query_span(jl, jh, lg, K, ST, CAUSAL, TRUNCATED)
+    q_first, q_last = _query_range(g, DL, QO, QL)
+    return tl.maximum(first, q_first), tl.minimum(last, q_last)
+
+
+@triton.jit
 def _group_len(L, DIL, g):
     return L // DIL + tl.cast(g < L % DIL, tl.int32)  # tl.cast: also takes a constant (a padded axis)
 
@@ -90,13 +98,34 @@ def _tile_axis(a, NB, DL, L, B: tl.constexpr, r):
 
 
 @triton.jit
-def _tile_windows(i, start, lg, K, ST, CAUSAL, B: tl.constexpr, TRUNCATED: tl.constexpr):
-    """Per-row key windows [lo, hi] of a query tile's cells, the key range [klo, khi] the whole tile needs and
-    the keys [slo, shi] every row sees (window ends are nondecreasing in the query, so the first and last rows
-    bound both; see _shared_window)."""
+def _query_range(g, DL, QO, QL):
+    """Within-group indices [first, last] of dilation group g's queries: positions QO .. QO + QL - 1 of the key
+    axis (the op's query_offset; QO = 0, QL = L without one). Both numerators stay >= 0 (Triton's integer
+    division truncates)."""
+    return (QO - g + DL - 1) // DL, (QO + QL - 1 - g + DL) // DL - 1
+
+
+@triton.jit
+def _query_tile_axis(a, NB, DL, L, QO, QL, B: tl.constexpr, r):
+    """One axis of a query tile: (dilation group g, the group's key length, the tile's first within-group index,
+    each cell's within-group index, its position in q (the key-axis position less QO), the group's last query),
+    from the axis's tile index a (NB tiles per group) and the cells' in-box offsets r."""
+    g = a // NB
+    lg = _group_len(L, DL, g)
+    first, last = _query_range(g, DL, QO, QL)
+    start = first + (a % NB) * B
+    i = start + r
+    return g, lg, start, i, i * DL + g - QO, last
+
+
+@triton.jit
+def _tile_windows(i, start, last, lg, K, ST, CAUSAL, B: tl.constexpr, TRUNCATED: tl.constexpr):
+    """Per-row key windows [lo, hi] of a query tile's cells (rows up to `last`), the key range [klo, khi] the
+    whole tile needs and the keys [slo, shi] every row sees (window ends are nondecreasing in the query, so the
+    first and last rows bound both; see _shared_window)."""
     lo, hi = _window(i, lg, K, ST, CAUSAL, TRUNCATED)
     klo, shi = _window(start, lg, K, ST, CAUSAL, TRUNCATED)
-    slo, khi = _window(tl.minimum(start + B - 1, lg - 1), lg, K, ST, CAUSAL, TRUNCATED)
+    slo, khi = _window(tl.minimum(start + B - 1, last), lg, K, ST, CAUSAL, TRUNCATED)
     return lo, hi, klo, khi, slo, shi
 
 
@@ -265,17 +294,20 @@ def _cell_offset(j0, j1, j2, g0, g1, g2, DL0, DL1, DL2, s0, s1, s2):
 
 
 @triton.jit
-def _tile_row(tile, r, H, G, T0, T1, T2, NB0, NB1, NB2, DL0, DL1, DL2, L0, L1, L2, S,
+def _tile_row(tile, r, H, G, T0, T1, T2, NB0, NB1, NB2, DL0, DL1, DL2, L0, L1, L2, QO0, QO1, QO2, QL0, QL1, QL2,
               BM0: tl.constexpr, BM1: tl.constexpr, BM2: tl.constexpr):
     """Row r of query tile `tile` in the tile walk of na_fwd_kernel and na_bwd_dq_kernel: its batch, head, kv head,
-    within-group coordinates, dilation groups, flat row index, and whether it lies inside the axes."""
+    within-group coordinates, dilation groups, positions in q (int64), flat row index, and whether it is a query."""
     b, h, a0, a1, a2 = _split_tile(tile, H, T0, T1, T2)
-    g0, lg0, i00, _, _ = _tile_axis(a0, NB0, DL0, L0, BM0, 0)
-    g1, lg1, i01, _, _ = _tile_axis(a1, NB1, DL1, L1, BM1, 0)
-    g2, lg2, i02, _, _ = _tile_axis(a2, NB2, DL2, L2, BM2, 0)
+    g0, _, i00, _, _, last0 = _query_tile_axis(a0, NB0, DL0, L0, QO0, QL0, BM0, 0)
+    g1, _, i01, _, _, last1 = _query_tile_axis(a1, NB1, DL1, L1, QO1, QL1, BM1, 0)
+    g2, _, i02, _, _, last2 = _query_tile_axis(a2, NB2, DL2, L2, QO2, QL2, BM2, 0)
     i0, i1, i2 = i00 + r // (BM1 * BM2), i01 + (r // BM2) % BM1, i02 + r % BM2
-    flat = (b * H + h).to(tl.int64) * S + _cell_offset(i0, i1, i2, g0, g1, g2, DL0, DL1, DL2, L1 * L2, L2, 1)
-    return b, h, h // G, i0, i1, i2, g0, g1, g2, flat, (i0 < lg0) & (i1 < lg1) & (i2 < lg2)
+    p0 = tl.cast(i0 * DL0 + g0 - QO0, tl.int64)
+    p1 = tl.cast(i1 * DL1 + g1 - QO1, tl.int64)
+    p2 = tl.cast(i2 * DL2 + g2 - QO2, tl.int64)
+    flat = (b * H + h).to(tl.int64) * (QL0 * QL1 * QL2) + p0 * (QL1 * QL2) + p1 * QL2 + p2
+    return b, h, h // G, i0, i1, i2, g0, g1, g2, p0, p1, p2, flat, (i0 <= last0) & (i1 <= last1) & (i2 <= last2)
 
 
 @triton.jit
@@ -365,8 +397,8 @@ def _exact_dq_row(q_ptr, k_ptr, v_ptr, do_ptr, o_ptr, lse_ptr, dlse_ptr, dq_ptr,
 @triton.jit
 def _exact_dkdv_key(q_ptr, k_ptr, v_ptr, do_ptr, o_ptr, lse_ptr, dlse_ptr, delta_ptr, dk_ptr, dv_ptr, k_row, v_row,
                     flat_k, b, hk, H, G, sqb, sqh, sq0, sq1, sq2, sdb, sdh, sd0, sd1, sd2, j0, j1, j2, g0, g1, g2,
-                    L0, L1, L2, K0, K1, K2, DL0, DL1, DL2, ST0, ST1, ST2, C0, C1, C2, D, DV, qk_scale, scale,
-                    TRUNCATED: tl.constexpr, HAS_DLSE: tl.constexpr, DELTA_STORED: tl.constexpr,
+                    L0, L1, L2, QO0, QO1, QO2, QL0, QL1, QL2, K0, K1, K2, DL0, DL1, DL2, ST0, ST1, ST2, C0, C1, C2, D,
+                    DV, qk_scale, scale, TRUNCATED: tl.constexpr, HAS_DLSE: tl.constexpr, DELTA_STORED: tl.constexpr,
                     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
     """dK and dV of one key (within-group coordinates j0..j2) taken query by query over the queries whose
     windows hold it, every query head of its GQA group (see _exact_out_row): the exact path of the dK/dV and
@@ -375,9 +407,9 @@ def _exact_dkdv_key(q_ptr, k_ptr, v_ptr, do_ptr, o_ptr, lse_ptr, dlse_ptr, delta
     e = tl.arange(0, BLOCK_DV)
     k = tl.load(k_ptr + k_row + d, mask=d < D, other=0.0).to(qk_scale.dtype)
     v = tl.load(v_ptr + v_row + e, mask=e < DV, other=0.0).to(qk_scale.dtype)
-    qs0, qe0 = _query_span(j0, j0, _group_len(L0, DL0, g0), K0, ST0, C0, TRUNCATED)
-    qs1, qe1 = _query_span(j1, j1, _group_len(L1, DL1, g1), K1, ST1, C1, TRUNCATED)
-    qs2, qe2 = _query_span(j2, j2, _group_len(L2, DL2, g2), K2, ST2, C2, TRUNCATED)
+    qs0, qe0 = _clipped_span(j0, j0, _group_len(L0, DL0, g0), g0, DL0, QO0, QL0, K0, ST0, C0, TRUNCATED)
+    qs1, qe1 = _clipped_span(j1, j1, _group_len(L1, DL1, g1), g1, DL1, QO1, QL1, K1, ST1, C1, TRUNCATED)
+    qs2, qe2 = _clipped_span(j2, j2, _group_len(L2, DL2, g2), g2, DL2, QO2, QL2, K2, ST2, C2, TRUNCATED)
     dk = tl.zeros([BLOCK_D], qk_scale.dtype)
     dv = tl.zeros([BLOCK_DV], qk_scale.dtype)
     for gh in range(0, G):
@@ -385,12 +417,12 @@ def _exact_dkdv_key(q_ptr, k_ptr, v_ptr, do_ptr, o_ptr, lse_ptr, dlse_ptr, delta
         for i0 in range(qs0, qe0 + 1):
             for i1 in range(qs1, qe1 + 1):
                 for i2 in range(qs2, qe2 + 1):
-                    q_row = b.to(tl.int64) * sqb + h.to(tl.int64) * sqh + _cell_offset(i0, i1, i2, g0, g1, g2, DL0,
-                                                                                        DL1, DL2, sq0, sq1, sq2)
-                    do_row = b.to(tl.int64) * sdb + h.to(tl.int64) * sdh + _cell_offset(i0, i1, i2, g0, g1, g2, DL0,
-                                                                                         DL1, DL2, sd0, sd1, sd2)
-                    flat = (b * H + h).to(tl.int64) * (L0 * L1 * L2) + _cell_offset(i0, i1, i2, g0, g1, g2, DL0, DL1,
-                                                                                      DL2, L1 * L2, L2, 1)
+                    p0 = tl.cast(i0 * DL0 + g0 - QO0, tl.int64)  # the query's position in q
+                    p1 = tl.cast(i1 * DL1 + g1 - QO1, tl.int64)
+                    p2 = tl.cast(i2 * DL2 + g2 - QO2, tl.int64)
+                    q_row = b.to(tl.int64) * sqb + h.to(tl.int64) * sqh + p0 * sq0 + p1 * sq1 + p2 * sq2
+                    do_row = b.to(tl.int64) * sdb + h.to(tl.int64) * sdh + p0 * sd0 + p1 * sd1 + p2 * sd2
+                    flat = (b * H + h).to(tl.int64) * (QL0 * QL1 * QL2) + p0 * (QL1 * QL2) + p1 * QL2 + p2
                     q = tl.load(q_ptr + q_row + d, mask=d < D, other=0.0).to(qk_scale.dtype)
                     do = tl.load(do_ptr + do_row + e, mask=e < DV, other=0.0).to(qk_scale.dtype)
                     delta = _query_delta(o_ptr, dlse_ptr, delta_ptr, do, flat, DV, HAS_DLSE, DELTA_STORED, BLOCK_DV)
@@ -408,7 +440,7 @@ def na_fwd_kernel(
     skb, skh, sk0, sk1, sk2,
     svb, svh, sv0, sv1, sv2,
     H, G, D, DV,
-    L0, L1, L2, K0, K1, K2, DL0, DL1, DL2, ST0, ST1, ST2, C0, C1, C2,
+    L0, L1, L2, QO0, QO1, QO2, QL0, QL1, QL2, K0, K1, K2, DL0, DL1, DL2, ST0, ST1, ST2, C0, C1, C2,
     NB0, NB1, NB2, num_tiles, qk_scale,
     TRUNCATED: tl.constexpr, NDIM: tl.constexpr, ONE_COMPARE: tl.constexpr,
     BM0: tl.constexpr, BM1: tl.constexpr, BM2: tl.constexpr,
@@ -423,7 +455,7 @@ def na_fwd_kernel(
     T0 = DL0 * NB0
     T1 = DL1 * NB1
     T2 = DL2 * NB2
-    S = L0 * L1 * L2
+    S = QL0 * QL1 * QL2  # rows of q per head
     dq_off = tl.arange(0, BLOCK_D)
     dv_off = tl.arange(0, BLOCK_DV)
     d_mask = dq_off < D
@@ -434,23 +466,23 @@ def na_fwd_kernel(
     for tile in range(pid, num_tiles, tl.num_programs(0)):
         b, h, a0, a1, a2 = _split_tile(tile, H, T0, T1, T2)
         hk = h // G
-        g0, lg0, i00, i0, p0 = _tile_axis(a0, NB0, DL0, L0, BM0, r0)
-        g1, lg1, i01, i1, p1 = _tile_axis(a1, NB1, DL1, L1, BM1, r1)
-        g2, lg2, i02, i2, p2 = _tile_axis(a2, NB2, DL2, L2, BM2, r2)
-        row_ok = (i0 < lg0) & (i1 < lg1) & (i2 < lg2)
+        g0, lg0, i00, i0, p0, last0 = _query_tile_axis(a0, NB0, DL0, L0, QO0, QL0, BM0, r0)
+        g1, lg1, i01, i1, p1, last1 = _query_tile_axis(a1, NB1, DL1, L1, QO1, QL1, BM1, r1)
+        g2, lg2, i02, i2, p2, last2 = _query_tile_axis(a2, NB2, DL2, L2, QO2, QL2, BM2, r2)
+        row_ok = (i0 <= last0) & (i1 <= last1) & (i2 <= last2)
         q_rows = b.to(tl.int64) * sqb + h.to(tl.int64) * sqh + p0.to(tl.int64) * sq0 + p1.to(tl.int64) * sq1 \
             + p2.to(tl.int64) * sq2
         q = tl.load(q_ptr + q_rows[:, None] + dq_off[None, :], mask=row_ok[:, None] & d_mask[None, :], other=0.0)
         if DOT_FP32:
             q = q.to(tl.float32)
         # per-row windows, and the key range of the whole tile (windows are monotone in the query)
-        lo2, hi2, klo2, khi2, slo2, shi2 = _tile_windows(i2, i02, lg2, K2, ST2, C2, BM2, TRUNCATED)
+        lo2, hi2, klo2, khi2, slo2, shi2 = _tile_windows(i2, i02, last2, lg2, K2, ST2, C2, BM2, TRUNCATED)
         lo1, hi1, klo1, khi1, slo1, shi1 = 0, 0, 0, 0, 0, 0  # axes a 1-D or 2-D problem does not have
         lo0, hi0, klo0, khi0, slo0, shi0 = 0, 0, 0, 0, 0, 0
         if NDIM >= 2:
-            lo1, hi1, klo1, khi1, slo1, shi1 = _tile_windows(i1, i01, lg1, K1, ST1, C1, BM1, TRUNCATED)
+            lo1, hi1, klo1, khi1, slo1, shi1 = _tile_windows(i1, i01, last1, lg1, K1, ST1, C1, BM1, TRUNCATED)
         if NDIM >= 3:
-            lo0, hi0, klo0, khi0, slo0, shi0 = _tile_windows(i0, i00, lg0, K0, ST0, C0, BM0, TRUNCATED)
+            lo0, hi0, klo0, khi0, slo0, shi0 = _tile_windows(i0, i00, last0, lg0, K0, ST0, C0, BM0, TRUNCATED)
         kv_base_k = b.to(tl.int64) * skb + hk.to(tl.int64) * skh
         kv_base_v = b.to(tl.int64) * svb + hk.to(tl.int64) * svh
         m_i = tl.full([BM0 * BM1 * BM2], float("-inf"), ACC)
@@ -488,7 +520,7 @@ def na_fwd_kernel(
         # reference's results, spelt without 0 / 0 and log(0), which the interpreter warns about; NaN stays NaN.
         out = acc / tl.where(l_i == 0, float("nan"), l_i)[:, None]
         redo = tl.maximum(redo, _nonfinite_rows(out, 1))
-        flat = ((b * H + h).to(tl.int64) * S + (p0 * L1 * L2 + p1 * L2 + p2).to(tl.int64))
+        flat = (b * H + h).to(tl.int64) * S + (p0 * QL1 * QL2 + p1 * QL2 + p2).to(tl.int64)
         tl.store(o_ptr + flat[:, None] * DV + dv_off[None, :], out.to(o_ptr.dtype.element_ty),
                  mask=row_ok[:, None] & dv_mask[None, :])
         lse = (m_i + tl.log2(tl.where(l_i == 0, 1.0, l_i))) * 0.6931471805599453
@@ -497,11 +529,11 @@ def na_fwd_kernel(
         tl.debug_barrier()  # every thread's stores have landed
         for tile in range(pid, num_tiles, tl.num_programs(0)):
             for r in range(0, BM0 * BM1 * BM2):
-                b, h, hk, ri0, ri1, ri2, g0, g1, g2, flat_r, ok = _tile_row(
-                    tile, r, H, G, T0, T1, T2, NB0, NB1, NB2, DL0, DL1, DL2, L0, L1, L2, S, BM0, BM1, BM2)
+                b, h, hk, ri0, ri1, ri2, g0, g1, g2, rp0, rp1, rp2, flat_r, ok = _tile_row(
+                    tile, r, H, G, T0, T1, T2, NB0, NB1, NB2, DL0, DL1, DL2, L0, L1, L2, QO0, QO1, QO2, QL0, QL1, QL2,
+                    BM0, BM1, BM2)
                 if _stored_nonfinite(o_ptr + flat_r * DV, DV, ok, BLOCK_DV):
-                    q_row = b.to(tl.int64) * sqb + h.to(tl.int64) * sqh + _cell_offset(
-                        ri0, ri1, ri2, g0, g1, g2, DL0, DL1, DL2, sq0, sq1, sq2)
+                    q_row = b.to(tl.int64) * sqb + h.to(tl.int64) * sqh + rp0 * sq0 + rp1 * sq1 + rp2 * sq2
                     _exact_out_row(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, q_row, b.to(tl.int64) * skb + hk.to(tl.int64)
                                    * skh, b.to(tl.int64) * svb + hk.to(tl.int64) * svh, flat_r, sk0, sk1, sk2, sv0, sv1,
                                    sv2, ri0, ri1, ri2, g0, g1, g2, L0, L1, L2, K0, K1, K2, DL0, DL1, DL2, ST0, ST1, ST2,
@@ -516,7 +548,7 @@ def na_bwd_dq_kernel(
     svb, svh, sv0, sv1, sv2,
     sdb, sdh, sd0, sd1, sd2,
     H, G, D, DV,
-    L0, L1, L2, K0, K1, K2, DL0, DL1, DL2, ST0, ST1, ST2, C0, C1, C2,
+    L0, L1, L2, QO0, QO1, QO2, QL0, QL1, QL2, K0, K1, K2, DL0, DL1, DL2, ST0, ST1, ST2, C0, C1, C2,
     NB0, NB1, NB2, num_tiles, qk_scale, scale,
     TRUNCATED: tl.constexpr, NDIM: tl.constexpr, ONE_COMPARE: tl.constexpr,
     BM0: tl.constexpr, BM1: tl.constexpr, BM2: tl.constexpr,
@@ -534,7 +566,7 @@ def na_bwd_dq_kernel(
     T0 = DL0 * NB0
     T1 = DL1 * NB1
     T2 = DL2 * NB2
-    S = L0 * L1 * L2
+    S = QL0 * QL1 * QL2  # rows of q per head
     dq_off = tl.arange(0, BLOCK_D)
     dv_off = tl.arange(0, BLOCK_DV)
     d_mask = dq_off < D
@@ -545,10 +577,10 @@ def na_bwd_dq_kernel(
     for tile in range(pid, num_tiles, tl.num_programs(0)):
         b, h, a0, a1, a2 = _split_tile(tile, H, T0, T1, T2)
         hk = h // G
-        g0, lg0, i00, i0, p0 = _tile_axis(a0, NB0, DL0, L0, BM0, r0)
-        g1, lg1, i01, i1, p1 = _tile_axis(a1, NB1, DL1, L1, BM1, r1)
-        g2, lg2, i02, i2, p2 = _tile_axis(a2, NB2, DL2, L2, BM2, r2)
-        row_ok = (i0 < lg0) & (i1 < lg1) & (i2 < lg2)
+        g0, lg0, i00, i0, p0, last0 = _query_tile_axis(a0, NB0, DL0, L0, QO0, QL0, BM0, r0)
+        g1, lg1, i01, i1, p1, last1 = _query_tile_axis(a1, NB1, DL1, L1, QO1, QL1, BM1, r1)
+        g2, lg2, i02, i2, p2, last2 = _query_tile_axis(a2, NB2, DL2, L2, QO2, QL2, BM2, r2)
+        row_ok = (i0 <= last0) & (i1 <= last1) & (i2 <= last2)
         pos0 = p0.to(tl.int64)
         pos1 = p1.to(tl.int64)
         pos2 = p2.to(tl.int64)
@@ -559,7 +591,7 @@ def na_bwd_dq_kernel(
         if DOT_FP32:
             q = q.to(tl.float32)
             do = do.to(tl.float32)
-        flat = (b * H + h).to(tl.int64) * S + (p0 * L1 * L2 + p1 * L2 + p2).to(tl.int64)
+        flat = (b * H + h).to(tl.int64) * S + (p0 * QL1 * QL2 + p1 * QL2 + p2).to(tl.int64)
         lse2 = tl.load(lse_ptr + flat, mask=row_ok, other=0.0) * 1.4426950408889634
         o = tl.load(o_ptr + flat[:, None] * DV + dv_off[None, :], mask=row_ok[:, None] & dv_mask[None, :], other=0.0)
         delta = tl.sum(o.to(ACC) * do.to(ACC), axis=1)
@@ -567,13 +599,13 @@ def na_bwd_dq_kernel(
             delta -= tl.load(dlse_ptr + flat, mask=row_ok, other=0.0).to(ACC)
         tl.store(delta_ptr + flat, delta, mask=row_ok)
         # per-row windows, and the key range of the whole tile (windows are monotone in the query)
-        lo2, hi2, klo2, khi2, slo2, shi2 = _tile_windows(i2, i02, lg2, K2, ST2, C2, BM2, TRUNCATED)
+        lo2, hi2, klo2, khi2, slo2, shi2 = _tile_windows(i2, i02, last2, lg2, K2, ST2, C2, BM2, TRUNCATED)
         lo1, hi1, klo1, khi1, slo1, shi1 = 0, 0, 0, 0, 0, 0  # axes a 1-D or 2-D problem does not have
         lo0, hi0, klo0, khi0, slo0, shi0 = 0, 0, 0, 0, 0, 0
         if NDIM >= 2:
-            lo1, hi1, klo1, khi1, slo1, shi1 = _tile_windows(i1, i01, lg1, K1, ST1, C1, BM1, TRUNCATED)
+            lo1, hi1, klo1, khi1, slo1, shi1 = _tile_windows(i1, i01, last1, lg1, K1, ST1, C1, BM1, TRUNCATED)
         if NDIM >= 3:
-            lo0, hi0, klo0, khi0, slo0, shi0 = _tile_windows(i0, i00, lg0, K0, ST0, C0, BM0, TRUNCATED)
+            lo0, hi0, klo0, khi0, slo0, shi0 = _tile_windows(i0, i00, last0, lg0, K0, ST0, C0, BM0, TRUNCATED)
         kv_base_k = b.to(tl.int64) * skb + hk.to(tl.int64) * skh
         kv_base_v = b.to(tl.int64) * svb + hk.to(tl.int64) * svh
         dq = tl.zeros([BM0 * BM1 * BM2, BLOCK_D], ACC)
@@ -610,13 +642,12 @@ def na_bwd_dq_kernel(
         tl.debug_barrier()  # every thread's stores have landed
         for tile in range(pid, num_tiles, tl.num_programs(0)):
             for r in range(0, BM0 * BM1 * BM2):
-                b, h, hk, ri0, ri1, ri2, g0, g1, g2, flat_r, ok = _tile_row(
-                    tile, r, H, G, T0, T1, T2, NB0, NB1, NB2, DL0, DL1, DL2, L0, L1, L2, S, BM0, BM1, BM2)
+                b, h, hk, ri0, ri1, ri2, g0, g1, g2, rp0, rp1, rp2, flat_r, ok = _tile_row(
+                    tile, r, H, G, T0, T1, T2, NB0, NB1, NB2, DL0, DL1, DL2, L0, L1, L2, QO0, QO1, QO2, QL0, QL1, QL2,
+                    BM0, BM1, BM2)
                 if _stored_nonfinite(dq_ptr + flat_r * D, D, ok, BLOCK_D):
-                    q_row = b.to(tl.int64) * sqb + h.to(tl.int64) * sqh + _cell_offset(
-                        ri0, ri1, ri2, g0, g1, g2, DL0, DL1, DL2, sq0, sq1, sq2)
-                    do_row = b.to(tl.int64) * sdb + h.to(tl.int64) * sdh + _cell_offset(
-                        ri0, ri1, ri2, g0, g1, g2, DL0, DL1, DL2, sd0, sd1, sd2)
+                    q_row = b.to(tl.int64) * sqb + h.to(tl.int64) * sqh + rp0 * sq0 + rp1 * sq1 + rp2 * sq2
+                    do_row = b.to(tl.int64) * sdb + h.to(tl.int64) * sdh + rp0 * sd0 + rp1 * sd1 + rp2 * sd2
                     _exact_dq_row(q_ptr, k_ptr, v_ptr, do_ptr, o_ptr, lse_ptr, dlse_ptr, dq_ptr, q_row, do_row,
                                   b.to(tl.int64) * skb + hk.to(tl.int64) * skh,
                                   b.to(tl.int64) * svb + hk.to(tl.int64) * svh, flat_r, sk0, sk1, sk2, sv0, sv1, sv2,
@@ -632,7 +663,7 @@ def na_bwd_dkdv_kernel(
     svb, svh, sv0, sv1, sv2,
     sdb, sdh, sd0, sd1, sd2,
     H, HKV, G, D, DV,
-    L0, L1, L2, K0, K1, K2, DL0, DL1, DL2, ST0, ST1, ST2, C0, C1, C2,
+    L0, L1, L2, QO0, QO1, QO2, QL0, QL1, QL2, K0, K1, K2, DL0, DL1, DL2, ST0, ST1, ST2, C0, C1, C2,
     NN0, NN1, NN2, num_tiles, qk_scale, scale,
     TRUNCATED: tl.constexpr, NDIM: tl.constexpr, ONE_COMPARE: tl.constexpr,
     BM0: tl.constexpr, BM1: tl.constexpr, BM2: tl.constexpr,
@@ -681,15 +712,15 @@ def na_bwd_dkdv_kernel(
         jh0 = tl.minimum(j00 + BN0 - 1, lg0 - 1)
         jh1 = tl.minimum(j01 + BN1 - 1, lg1 - 1)
         jh2 = tl.minimum(j02 + BN2 - 1, lg2 - 1)
-        qs2, qe2 = _query_span(jl2, jh2, lg2, K2, ST2, C2, TRUNCATED)
+        qs2, qe2 = _clipped_span(jl2, jh2, lg2, g2, DL2, QO2, QL2, K2, ST2, C2, TRUNCATED)
         qs1 = 0
         qe1 = 0
         qs0 = 0
         qe0 = 0
         if NDIM >= 2:
-            qs1, qe1 = _query_span(jl1, jh1, lg1, K1, ST1, C1, TRUNCATED)
+            qs1, qe1 = _clipped_span(jl1, jh1, lg1, g1, DL1, QO1, QL1, K1, ST1, C1, TRUNCATED)
         if NDIM >= 3:
-            qs0, qe0 = _query_span(jl0, jh0, lg0, K0, ST0, C0, TRUNCATED)
+            qs0, qe0 = _clipped_span(jl0, jh0, lg0, g0, DL0, QO0, QL0, K0, ST0, C0, TRUNCATED)
         if DK_BY_KEYS:
             dk = tl.zeros([BN0 * BN1 * BN2, BLOCK_D], ACC)
         else:
@@ -699,7 +730,7 @@ def na_bwd_dkdv_kernel(
             h = hk * G + gh
             q_base = b.to(tl.int64) * sqb + h.to(tl.int64) * sqh
             do_base = b.to(tl.int64) * sdb + h.to(tl.int64) * sdh
-            bh_flat = (b * H + h).to(tl.int64) * S
+            bh_flat = (b * H + h).to(tl.int64) * (QL0 * QL1 * QL2)
             for i00 in range(qs0, qe0 + 1, BM0):
                 hit0 = True
                 if NDIM >= 3:
@@ -731,9 +762,9 @@ def na_bwd_dkdv_kernel(
                                     slo2, shi2 = _shared_window(i02, tl.minimum(i02 + BM2 - 1, qe2), lg2, K2, ST2,
                                                                 C2, TRUNCATED)
                                     row_ok = (i0 <= qe0) & (i1 <= qe1) & (i2 <= qe2)
-                                    p0 = (i0 * DL0 + g0).to(tl.int64)
-                                    p1 = (i1 * DL1 + g1).to(tl.int64)
-                                    p2 = (i2 * DL2 + g2).to(tl.int64)
+                                    p0 = (i0 * DL0 + g0 - QO0).to(tl.int64)  # positions in q
+                                    p1 = (i1 * DL1 + g1 - QO1).to(tl.int64)
+                                    p2 = (i2 * DL2 + g2 - QO2).to(tl.int64)
                                     q_rows = q_base + p0 * sq0 + p1 * sq1 + p2 * sq2
                                     do_rows = do_base + p0 * sd0 + p1 * sd1 + p2 * sd2
                                     q = tl.load(q_ptr + q_rows[:, None] + dq_off[None, :],
@@ -743,7 +774,7 @@ def na_bwd_dkdv_kernel(
                                     if DOT_FP32:
                                         q = q.to(tl.float32)
                                         do = do.to(tl.float32)
-                                    flat = bh_flat + p0 * L1 * L2 + p1 * L2 + p2
+                                    flat = bh_flat + p0 * QL1 * QL2 + p1 * QL2 + p2
                                     lse2 = tl.load(lse_ptr + flat, mask=row_ok, other=0.0) * 1.4426950408889634
                                     delta = tl.load(delta_ptr + flat, mask=row_ok, other=0.0)
                                     s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
@@ -798,9 +829,9 @@ def na_bwd_dkdv_kernel(
                         cj0, cj1, cj2, g0, g1, g2, DL0, DL1, DL2, sv0, sv1, sv2)
                     _exact_dkdv_key(q_ptr, k_ptr, v_ptr, do_ptr, delta_ptr, lse_ptr, delta_ptr, delta_ptr, dk_ptr,
                                     dv_ptr, k_row, v_row, flat_c, b, hk, H, G, sqb, sqh, sq0, sq1, sq2, sdb, sdh, sd0,
-                                    sd1, sd2, cj0, cj1, cj2, g0, g1, g2, L0, L1, L2, K0, K1, K2, DL0, DL1, DL2, ST0,
-                                    ST1, ST2, C0, C1, C2, D, DV, qk_scale, scale, TRUNCATED, False, True, BLOCK_D,
-                                    BLOCK_DV)
+                                    sd1, sd2, cj0, cj1, cj2, g0, g1, g2, L0, L1, L2, QO0, QO1, QO2, QL0, QL1, QL2, K0,
+                                    K1, K2, DL0, DL1, DL2, ST0, ST1, ST2, C0, C1, C2, D, DV, qk_scale, scale, TRUNCATED,
+                                    False, True, BLOCK_D, BLOCK_DV)
 
 
 @triton.jit
@@ -905,5 +936,5 @@ def na_bwd_fused_1d_kernel(
                                     b.to(tl.int64) * skb + hk.to(tl.int64) * skh + (c * DL + g).to(tl.int64) * sk,
                                     b.to(tl.int64) * svb + hk.to(tl.int64) * svh + (c * DL + g).to(tl.int64) * sv,
                                     flat_c, b, hk, H, G, sqb, sqh, 0, 0, sq, sdb, sdh, 0, 0, sd, 0, 0, c, 0, 0, g, 1,
-                                    1, L, 1, 1, K, 1, 1, DL, 1, 1, ST, 0, 0, CAUSAL, D, DV, qk_scale, scale, TRUNCATED,
-                                    HAS_DLSE, False, BLOCK_D, BLOCK_DV)
+                                    1, L, 0, 0, 0, 1, 1, L, 1, 1, K, 1, 1, DL, 1, 1, ST, 0, 0, CAUSAL, D, DV, qk_scale,
+                                    scale, TRUNCATED, HAS_DLSE, False, BLOCK_D, BLOCK_DV)

@@ -92,8 +92,11 @@ def check_window_args(ndim: int, kernel_size, dilation, stride, is_causal, windo
 
 def check_args(
     q: Tensor, k: Tensor, v: Tensor, kernel_size, dilation, stride, is_causal, scale: Optional[float], window: str,
-) -> tuple[list[int], list[int], list[int], list[bool], float]:
-    """Validate and normalise; returns per-axis (kernel_size, dilation, stride, is_causal) and the scale."""
+    query_offset=None,
+) -> tuple[list[int], list[int], list[int], list[bool], float, list[int]]:
+    """Validate and normalise; returns per-axis (kernel_size, dilation, stride, is_causal), the scale and the
+    per-axis query offset.
+    query_offset (checked by check_query_offset) lets q's spatial box be a part of k's."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_float(name, t)
     if q.dim() < 4 or q.dim() > 6:
@@ -106,12 +109,14 @@ def check_args(
             raise ValueError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")
     check_same_device([("q", q), ("k", k), ("v", v)])
     ndim = q.dim() - 3
-    batch, heads, spatial, head_dim = q.shape[0], q.shape[1], list(q.shape[2:-1]), q.shape[-1]
+    batch, heads, head_dim = q.shape[0], q.shape[1], q.shape[-1]
+    spatial = list(k.shape[2:-1])  # the key grid; q's box lies in it (query_offset)
+    offset = check_query_offset(query_offset, q, k)
     for name, t in (("k", k), ("v", v)):
         if t.shape[0] != batch:
             raise ValueError(f"{name} must have q's batch size {batch}, got shape {tuple(t.shape)}")
-        if list(t.shape[2:-1]) != spatial:
-            raise ValueError(f"{name} must have q's spatial shape {tuple(spatial)}, got shape {tuple(t.shape)}")
+    if list(v.shape[2:-1]) != spatial:
+        raise ValueError(f"v must have k's spatial shape {tuple(spatial)}, got shape {tuple(v.shape)}")
     if k.shape[-1] != head_dim:
         raise ValueError(f"k must have q's head dim {head_dim}, got shape {tuple(k.shape)}")
     if k.shape[1] != v.shape[1]:
@@ -129,9 +134,28 @@ def check_args(
             raise ValueError(f"kernel_size * dilation must not exceed the axis length with window='shifted': axis "
                              f"{a} has length {spatial[a]}, kernel_size {ks[a]} x dilation {dil[a]}")
     if scale is None:
-        return ks, dil, st, causal, head_dim ** -0.5  # may be symbolic under torch.compile
+        return ks, dil, st, causal, head_dim ** -0.5, offset  # may be symbolic under torch.compile
     check_fp32_normal("scale", scale, MAX_SCALE)
-    return ks, dil, st, causal, scale if isinstance(scale, torch.SymFloat) else float(scale)
+    return ks, dil, st, causal, scale if isinstance(scale, torch.SymFloat) else float(scale), offset
+
+
+def check_query_offset(query_offset, q: Tensor, k: Tensor) -> list[int]:
+    """query_offset normalised to one int per spatial axis: None (q's spatial shape must be k's; all 0) or
+    offsets >= 0 with q's box inside k's grid on every axis."""
+    ndim = q.dim() - 3
+    q_spatial, k_spatial = list(q.shape[2:-1]), list(k.shape[2:-1])
+    if query_offset is None:
+        if q_spatial != k_spatial:
+            raise ValueError(f"k must have q's spatial shape {tuple(q_spatial)} (or pass query_offset), got shape "
+                             f"{tuple(k.shape)}")
+        return [0] * ndim
+    offset = _per_axis("query_offset", query_offset, ndim, int)
+    for a in range(ndim):
+        if offset[a] < 0 or offset[a] + q_spatial[a] > k_spatial[a]:
+            raise ValueError(f"query_offset must place q's spatial box {tuple(q_spatial)} inside k's "
+                             f"{tuple(k_spatial)} (0 <= offset, offset + q's length <= k's length on every axis), "
+                             f"got {list(offset)}")
+    return offset
 
 
 def _pad3(values: Sequence, fill) -> list:
@@ -160,29 +184,38 @@ def reach(kernel: int, stride: int, causal: bool, window: str) -> int:
 
 
 class _Geometry:
-    def __init__(self, q_shape, k_shape, v_shape, ks, dil, st, causal, window="shifted"):
+    def __init__(self, q_shape, k_shape, v_shape, ks, dil, st, causal, offset, window="shifted"):
         self.ndim = len(q_shape) - 3
-        self.spatial = _pad3(list(q_shape[2:-1]), 1)
+        self.spatial = _pad3(list(k_shape[2:-1]), 1)  # the key grid
+        self.q_spatial = _pad3(list(q_shape[2:-1]), 1)  # q's box in it, from q_offset
+        self.q_offset = _pad3(list(offset), 0)
         self.kernel = _pad3(ks, 1)
         self.dilation = _pad3(dil, 1)
         self.stride = _pad3(st, 1)
         self.causal = [int(c) for c in _pad3(causal, False)]
         self.batch, self.heads, self.kv_heads = q_shape[0], q_shape[1], k_shape[1]
         self.head_dim, self.head_dim_v = q_shape[-1], v_shape[-1]
-        self.halo = reach(self.kernel[2], self.stride[2], bool(self.causal[2]), window) if self.ndim == 1 else None
+        # The fused 1-D backward owns keys and queries alike: only where q covers the key grid.
+        whole = self.q_spatial == self.spatial
+        self.halo = (reach(self.kernel[2], self.stride[2], bool(self.causal[2]), window)
+                     if self.ndim == 1 and whole else None)
 
     def axis_args(self) -> dict:
-        """The kernels' per-axis arguments by name: lengths L, kernel K, dilation DL, stride ST, causal C."""
-        return dict(**_named("L", self.spatial), **_named("K", self.kernel), **_named("DL", self.dilation),
-                    **_named("ST", self.stride), **_named("C", self.causal))
+        """The kernels' per-axis arguments by name: key lengths L, query offsets QO and lengths QL, kernel K,
+        dilation DL, stride ST, causal C."""
+        return dict(**_named("L", self.spatial), **_named("QO", self.q_offset), **_named("QL", self.q_spatial),
+                    **_named("K", self.kernel), **_named("DL", self.dilation), **_named("ST", self.stride),
+                    **_named("C", self.causal))
 
-    def blocks(self, box: Sequence[int]) -> list[int]:
-        """Tiles per dilation group on each axis."""
-        return [-(-(-(-length // d)) // b) for length, d, b in zip(self.spatial, self.dilation, box)]
+    def blocks(self, box: Sequence[int], queries: bool) -> list[int]:
+        """Tiles per dilation group on each axis, over q's box (queries) or the key grid. A group holds at most
+        ceil(length / dilation) of any run of consecutive positions."""
+        lengths = self.q_spatial if queries else self.spatial
+        return [-(-(-(-length // d)) // b) for length, d, b in zip(lengths, self.dilation, box)]
 
-    def tiles(self, box: Sequence[int], heads: int) -> int:
+    def tiles(self, box: Sequence[int], heads: int, queries: bool) -> int:
         n = self.batch * heads
-        for nb, d in zip(self.blocks(box), self.dilation):
+        for nb, d in zip(self.blocks(box, queries), self.dilation):
             n *= nb * d
         return n
 
@@ -218,15 +251,16 @@ Launch = tuple[int, tuple, dict]
 
 @memoize
 def _forward_spec(q_shape, q_stride, k_shape, k_stride, v_shape, v_stride, dtype, ks, dil, st, causal, scale,
-                  window, target: Target, forced: tuple, tf32: bool) -> Optional[Launch]:
-    geo = _Geometry(q_shape, k_shape, v_shape, ks, dil, st, causal)
+                  window, offset, target: Target, forced: tuple, tf32: bool) -> Optional[Launch]:
+    geo = _Geometry(q_shape, k_shape, v_shape, ks, dil, st, causal, offset)
     plan = geo.plan(target, dtype, backward=False, tf32=tf32)
-    tiles = geo.tiles(plan.bm, geo.heads)
+    tiles = geo.tiles(plan.bm, geo.heads, queries=True)
     if tiles == 0:
         return None
     args = dict(**_strides("q", q_stride), **_strides("k", k_stride), **_strides("v", v_stride),
                 H=geo.heads, G=geo.heads // geo.kv_heads, D=geo.head_dim, DV=geo.head_dim_v,
-                **geo.axis_args(), **_named("NB", geo.blocks(plan.bm)), num_tiles=tiles, qk_scale=scale * LOG2E)
+                **geo.axis_args(), **_named("NB", geo.blocks(plan.bm, queries=True)), num_tiles=tiles,
+                qk_scale=scale * LOG2E)
     meta = dict(_meta(plan, window, geo.ndim), **_register_cap(plan.fwd_registers))
     return plan_grid(target, tiles), args, meta
 
@@ -236,12 +270,12 @@ def _tf32(dtype: torch.dtype) -> bool:
     return dtype == torch.float32 and tf32_allowed()
 
 
-def _forward(q, k, v, ks, dil, st, causal, scale, window, target: Target) -> tuple[Tensor, Tensor]:
+def _forward(q, k, v, ks, dil, st, causal, scale, window, offset, target: Target) -> tuple[Tensor, Tensor]:
     out = q.new_empty(*q.shape[:-1], v.shape[-1])
     lse = torch.empty(q.shape[:-1], dtype=accumulate_dtype(q.dtype), device=q.device)
     q, k, v = unit_last_stride(q), unit_last_stride(k), unit_last_stride(v)
     spec = _forward_spec(q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, tuple(ks),
-                         tuple(dil), tuple(st), tuple(causal), scale, window, target, forced_key(OP),
+                         tuple(dil), tuple(st), tuple(causal), scale, window, tuple(offset), target, forced_key(OP),
                          _tf32(q.dtype))
     if spec is not None:
         grid, args, meta = spec
@@ -251,26 +285,26 @@ def _forward(q, k, v, ks, dil, st, causal, scale, window, target: Target) -> tup
 
 @memoize
 def _backward_spec(q_shape, q_stride, k_shape, k_stride, v_shape, v_stride, go_stride, dtype, ks, dil, st, causal,
-                   scale, window, has_dlse, target: Target, forced: tuple, tf32: bool) -> tuple[Launch, ...]:
+                   scale, window, offset, has_dlse, target: Target, forced: tuple, tf32: bool) -> tuple[Launch, ...]:
     """The backward's launches: (fused,) for a narrow 1-D window, else (dQ + delta, dK/dV)."""
-    geo = _Geometry(q_shape, k_shape, v_shape, ks, dil, st, causal, window)
+    geo = _Geometry(q_shape, k_shape, v_shape, ks, dil, st, causal, offset, window)
     plan = geo.plan(target, dtype, backward=True, tf32=tf32)
     if plan.fused:
         return (_fused_spec(geo, plan, q_stride, k_stride, v_stride, go_stride, scale, window, has_dlse, target),)
     meta = _meta(plan, window, geo.ndim)
     strides = dict(**_strides("q", q_stride), **_strides("k", k_stride), **_strides("v", v_stride),
                    **_strides("d", go_stride))
-    q_tiles = geo.tiles(plan.bm, geo.heads)
+    q_tiles = geo.tiles(plan.bm, geo.heads, queries=True)
     dq = (plan_grid(target, q_tiles),
           dict(strides, H=geo.heads, G=geo.heads // geo.kv_heads, D=geo.head_dim, DV=geo.head_dim_v,
-               **geo.axis_args(), **_named("NB", geo.blocks(plan.bm)), num_tiles=q_tiles, qk_scale=scale * LOG2E,
-               scale=scale),
+               **geo.axis_args(), **_named("NB", geo.blocks(plan.bm, queries=True)), num_tiles=q_tiles,
+               qk_scale=scale * LOG2E, scale=scale),
           dict(meta, HAS_DLSE=has_dlse, **_register_cap(plan.dq_registers)))
     dk_plan = plan.dkdv or plan
-    k_tiles = geo.tiles(dk_plan.bn, geo.kv_heads)
+    k_tiles = geo.tiles(dk_plan.bn, geo.kv_heads, queries=False)
     dkdv = (plan_grid(target, k_tiles),
             dict(strides, H=geo.heads, HKV=geo.kv_heads, G=geo.heads // geo.kv_heads, D=geo.head_dim,
-                 DV=geo.head_dim_v, **geo.axis_args(), **_named("NN", geo.blocks(dk_plan.bn)), num_tiles=k_tiles,
+                 DV=geo.head_dim_v, **geo.axis_args(), **_named("NN", geo.blocks(dk_plan.bn, queries=False)), num_tiles=k_tiles,
                  qk_scale=scale * LOG2E, scale=scale),
             dict(_meta(dk_plan, window, geo.ndim), DK_BY_KEYS=dk_plan.dk_by_keys, WALK_TESTS=dk_plan.walk_tests,
                  **_register_cap(dk_plan.dkdv_registers)))
@@ -292,18 +326,18 @@ def _fused_spec(geo, plan, q_stride, k_stride, v_stride, go_stride, scale, windo
         raise ValueError(f"plan_override: a fused block of {block} rows leaves none to own with a window "
                          f"reach of {geo.halo}")
     box = (1, 1, own)
-    tiles = geo.tiles(box, geo.kv_heads)
+    tiles = geo.tiles(box, geo.kv_heads, queries=False)
     strides = {f"s{name}{axis}": st[i] for name, st in (("q", q_stride), ("k", k_stride), ("v", v_stride),
                                                         ("d", go_stride)) for i, axis in enumerate(("b", "h", ""))}
     args = dict(strides, H=geo.heads, HKV=geo.kv_heads, G=geo.heads // geo.kv_heads, D=geo.head_dim,
                 DV=geo.head_dim_v, L=geo.spatial[2], K=geo.kernel[2], DL=geo.dilation[2], ST=geo.stride[2],
-                CAUSAL=geo.causal[2], HALO=geo.halo, OWN=own, NB=geo.blocks(box)[2], num_tiles=tiles,
+                CAUSAL=geo.causal[2], HALO=geo.halo, OWN=own, NB=geo.blocks(box, queries=False)[2], num_tiles=tiles,
                 qk_scale=scale * LOG2E, scale=scale)
     meta = dict(TRUNCATED=window == "truncated", BLOCK=block, HAS_DLSE=has_dlse, **_launch_meta(plan))
     return plan_grid(target, tiles), args, meta
 
 
-def _backward(grad_out, grad_lse, q, k, v, out, lse, ks, dil, st, causal, scale, window, target: Target):
+def _backward(grad_out, grad_lse, q, k, v, out, lse, ks, dil, st, causal, scale, window, offset, target: Target):
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
@@ -316,7 +350,8 @@ def _backward(grad_out, grad_lse, q, k, v, out, lse, ks, dil, st, causal, scale,
     dlse = grad_lse.contiguous() if has_dlse else lse
     launches = _backward_spec(
         q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), grad_out.stride(), q.dtype, tuple(ks),
-        tuple(dil), tuple(st), tuple(causal), scale, window, has_dlse, target, forced_key(OP), _tf32(q.dtype),
+        tuple(dil), tuple(st), tuple(causal), scale, window, tuple(offset), has_dlse, target, forced_key(OP),
+        _tf32(q.dtype),
     )
     if len(launches) == 1:
         (grid, args, meta), = launches
@@ -333,31 +368,32 @@ def _backward(grad_out, grad_lse, q, k, v, out, lse, ks, dil, st, causal, scale,
     return dq, dk, dv
 
 
-def _run(q, k, v, ks, dil, st, causal, scale, window) -> tuple[Tensor, Tensor]:
+def _run(q, k, v, ks, dil, st, causal, scale, window, offset) -> tuple[Tensor, Tensor]:
     """The op on checked, normalised arguments: kernels under the device's plan, or the reference."""
     target = target_for(q.device, q.dtype)
     if target is None:
-        return reference.neighborhood_attention(q, k, v, ks, dil, st, causal, scale, window)
-    return _forward(q, k, v, ks, dil, st, causal, scale, window, target)
+        return reference.neighborhood_attention(q, k, v, ks, dil, st, causal, scale, window, offset)
+    return _forward(q, k, v, ks, dil, st, causal, scale, window, offset, target)
 
 
-def _run_backward(grad_out, grad_lse, q, k, v, out, lse, ks, dil, st, causal, scale, window):
+def _run_backward(grad_out, grad_lse, q, k, v, out, lse, ks, dil, st, causal, scale, window, offset):
     target = target_for(q.device, q.dtype)
     if target is None:
         return reference.neighborhood_attention_backward(
-            grad_out, grad_lse, q, k, v, out, lse, ks, dil, st, causal, scale, window
+            grad_out, grad_lse, q, k, v, out, lse, ks, dil, st, causal, scale, window, offset
         )
-    return _backward(grad_out, grad_lse, q, k, v, out, lse, ks, dil, st, causal, scale, window, target)
+    return _backward(grad_out, grad_lse, q, k, v, out, lse, ks, dil, st, causal, scale, window, offset, target)
 
 
 @fused_op("neighborhood_attention")
 def neighborhood_attention_op(
     q: Tensor, k: Tensor, v: Tensor, kernel_size: Sequence[int], dilation: Sequence[int], stride: Sequence[int],
-    is_causal: Sequence[bool], scale: Optional[float], window: str,
+    is_causal: Sequence[bool], scale: Optional[float], window: str, query_offset: Optional[Sequence[int]] = None,
 ) -> tuple[Tensor, Tensor]:
     """Neighborhood attention; returns (out, lse). See `fusedops.neighborhood_attention`."""
-    ks, dil, st, causal, scale = check_args(q, k, v, kernel_size, dilation, stride, is_causal, scale, window)
-    return _run(q, k, v, ks, dil, st, causal, scale, window)
+    *window_args, offset = check_args(q, k, v, kernel_size, dilation, stride, is_causal, scale, window, query_offset)
+    ks, dil, st, causal, scale = window_args
+    return _run(q, k, v, ks, dil, st, causal, scale, window, offset)
 
 
 def _check_backward(grad_out, grad_lse, q, v, out, lse):
@@ -375,24 +411,26 @@ def _check_backward(grad_out, grad_lse, q, v, out, lse):
 def neighborhood_attention_backward_op(
     grad_out: Tensor, grad_lse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
     kernel_size: Sequence[int], dilation: Sequence[int], stride: Sequence[int], is_causal: Sequence[bool],
-    scale: Optional[float], window: str,
+    scale: Optional[float], window: str, query_offset: Optional[Sequence[int]] = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) of neighborhood attention given grad_out (and optionally grad_lse).
     Deterministic: dK/dV are summed per key tile over query tiles and GQA heads in a fixed order."""
-    ks, dil, st, causal, scale = check_args(q, k, v, kernel_size, dilation, stride, is_causal, scale, window)
+    *window_args, offset = check_args(q, k, v, kernel_size, dilation, stride, is_causal, scale, window, query_offset)
+    ks, dil, st, causal, scale = window_args
     _check_backward(grad_out, grad_lse, q, v, out, lse)
-    return _run_backward(grad_out, grad_lse, q, k, v, out, lse, ks, dil, st, causal, scale, window)
+    return _run_backward(grad_out, grad_lse, q, k, v, out, lse, ks, dil, st, causal, scale, window, offset)
 
 
 @neighborhood_attention_op.register_fake
-def _(q, k, v, kernel_size, dilation, stride, is_causal, scale, window):
-    check_args(q, k, v, kernel_size, dilation, stride, is_causal, scale, window)
+def _(q, k, v, kernel_size, dilation, stride, is_causal, scale, window, query_offset=None):
+    check_args(q, k, v, kernel_size, dilation, stride, is_causal, scale, window, query_offset)
     return q.new_empty(*q.shape[:-1], v.shape[-1]), q.new_empty(q.shape[:-1], dtype=accumulate_dtype(q.dtype))
 
 
 @neighborhood_attention_backward_op.register_fake
-def _(grad_out, grad_lse, q, k, v, out, lse, kernel_size, dilation, stride, is_causal, scale, window):
-    check_args(q, k, v, kernel_size, dilation, stride, is_causal, scale, window)
+def _(grad_out, grad_lse, q, k, v, out, lse, kernel_size, dilation, stride, is_causal, scale, window,
+      query_offset=None):
+    check_args(q, k, v, kernel_size, dilation, stride, is_causal, scale, window, query_offset)
     _check_backward(grad_out, grad_lse, q, v, out, lse)
     return (
         torch.empty(q.shape, dtype=q.dtype, device=q.device),
@@ -402,11 +440,11 @@ def _(grad_out, grad_lse, q, k, v, out, lse, kernel_size, dilation, stride, is_c
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, kernel_size, dilation, stride, is_causal, scale, window = inputs
+    q, k, v, *args = inputs  # kernel_size, dilation, stride, is_causal, scale, window[, query_offset]
     out, lse = output
     ctx.set_materialize_grads(False)  # an unused lse gets no zero-filled gradient
     ctx.save_for_backward(q, k, v, out, lse)
-    ctx.args = (kernel_size, dilation, stride, is_causal, scale, window)
+    ctx.args = tuple(args) + (None,) * (7 - len(args))
 
 
 def _backward_rule(ctx, grad_out, grad_lse):
@@ -416,17 +454,19 @@ def _backward_rule(ctx, grad_out, grad_lse):
     elif grad_out.stride(-1) != 1:
         grad_out = grad_out.contiguous()
     if backward_direct_ok(grad_out, grad_lse, q, k, v, out, lse):
-        ks, dil, st, causal, scale, window = ctx.args
+        ks, dil, st, causal, scale, window, offset = ctx.args
         if scale is None:
             scale = q.shape[-1] ** -0.5
+        if offset is None:
+            offset = [0] * (q.dim() - 3)
         dq, dk, dv = call_direct(_run_backward, grad_out, grad_lse, q, k, v, out, lse, ks, dil, st, causal, scale,
-                                 window)
+                                 window, offset)
     else:
         dq, dk, dv = torch.ops.fusedops.neighborhood_attention_backward(
             grad_out, grad_lse, q, k, v, out, lse, *ctx.args)
     need_q, need_k, need_v = ctx.needs_input_grad[:3]
     return (dq if need_q else None, dk if need_k else None, dv if need_v else None, None, None, None, None, None,
-            None)
+            None, None)
 
 
 register_autograd(neighborhood_attention_op, _backward_rule, setup_context=_setup_context)
@@ -436,6 +476,7 @@ _Direct = direct_autograd("NeighborhoodAttention", _run, _setup_context, _backwa
 def neighborhood_attention(
     q: Tensor, k: Tensor, v: Tensor, kernel_size: IntOrSeq, dilation: IntOrSeq = 1, stride: IntOrSeq = 1,
     is_causal: BoolOrSeq = False, scale: Optional[float] = None, window: str = "shifted", return_lse: bool = False,
+    query_offset: Optional[IntOrSeq] = None,
 ):
     """Sparse neighborhood attention over 1, 2 or 3 spatial axes (flash-style, fwd + bwd).
 
@@ -461,9 +502,14 @@ def neighborhood_attention(
             queries see the keys of their dilation group that the window reaches).
         return_lse: a bool; also return the log-sum-exp [B, H, *spatial] (differentiable), float32 (float64
             for float64 q).
+        query_offset: None, or an int or one per spatial axis: q holds only the queries of a box of k's
+            spatial grid, at positions query_offset + [0, q's length) on every axis (q's spatial shape may then
+            be smaller than k's). Every query sees the window it has on k's whole grid: the result is the
+            rows of that box of the op on queries covering the grid, computed for the box only (context
+            parallelism, chunked inference).
 
     Returns:
-        out [B, H, *spatial, Dv] in q's dtype, or (out, lse) with return_lse.
+        out [B, H, *q's spatial, Dv] in q's dtype, or (out, lse) with return_lse.
 
     Non-finite values: a query's out, lse and gradients depend only on its window, so an inf or NaN reaches
     only the queries whose window holds it (and the keys those queries see, in the backward), and there
@@ -478,19 +524,23 @@ def neighborhood_attention(
     """
     check_bool("return_lse", return_lse)
     if checks_in_wrapper():
-        ks, dil, st, causal, checked_scale = check_args(q, k, v, kernel_size, dilation, stride, is_causal, scale,
-                                                        window)
+        ks, dil, st, causal, checked_scale, offset = check_args(q, k, v, kernel_size, dilation, stride, is_causal,
+                                                                scale, window, query_offset)
     else:  # compiling: the op's fake kernel checks them (see checks_in_wrapper)
         ks, dil, st, causal = map(_as_list, (kernel_size, dilation, stride, is_causal))
-        checked_scale = scale
+        checked_scale, offset = scale, None if query_offset is None else _as_list(query_offset)
     if type(q) is not Tensor:
         from . import context_parallel
 
         if context_parallel.spatially_sharded(q):  # a DTensor sharded on a spatial axis
+            if query_offset is not None:
+                raise ValueError("query_offset is not taken with spatially sharded DTensor inputs (context "
+                                 "parallelism places each rank's queries itself)")
             return context_parallel.dtensor_neighborhood_attention(q, k, v, ks, dil, st, causal, scale, window,
                                                                    return_lse)
     if direct_call_ok(q, k, v):
-        out, lse = _Direct.call(q, k, v, ks, dil, st, causal, checked_scale, window)
+        out, lse = _Direct.call(q, k, v, ks, dil, st, causal, checked_scale, window, offset)
     else:
-        out, lse = torch.ops.fusedops.neighborhood_attention(q, k, v, ks, dil, st, causal, scale, window)
+        offset = None if query_offset is None else offset
+        out, lse = torch.ops.fusedops.neighborhood_attention(q, k, v, ks, dil, st, causal, scale, window, offset)
     return (out, lse) if return_lse else out

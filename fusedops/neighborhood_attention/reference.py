@@ -83,10 +83,21 @@ def _chunk(b: int, h: int, k: int, d: int) -> int:
     return max(1, CHUNK_ELEMENTS // max(1, b * h * k * d))
 
 
-def _gqa_views(q, k, v, kernel_size, dilation, stride, is_causal, window):
-    """The neighbour table on q's device, q as [B, H_kv, G, S, D] (G query heads share a k/v head),
-    k and v as [B, H_kv, S, D]."""
-    index, valid = neighbor_table(q.shape[2:-1], kernel_size, dilation, stride, is_causal, window)
+def query_rows(k_spatial: Sequence[int], q_spatial: Sequence[int], offset: Sequence[int]) -> Tensor:
+    """Flat (row-major) positions in k's grid of the queries of q's box at `offset`."""
+    rows = torch.zeros(1, dtype=torch.long)
+    for length, n, o in zip(k_spatial, q_spatial, offset):
+        rows = (rows[:, None] * length + torch.arange(o, o + n)[None, :]).reshape(-1)
+    return rows
+
+
+def _gqa_views(q, k, v, kernel_size, dilation, stride, is_causal, window, offset):
+    """The neighbour table of q's queries (k's grid, q's box at `offset`) on q's device, q as
+    [B, H_kv, G, S_q, D] (G query heads share a k/v head), k and v as [B, H_kv, S_k, D]."""
+    index, valid = neighbor_table(k.shape[2:-1], kernel_size, dilation, stride, is_causal, window)
+    if offset is not None and list(q.shape[2:-1]) != list(k.shape[2:-1]):
+        rows = query_rows(k.shape[2:-1], q.shape[2:-1], offset)
+        index, valid = index[rows], valid[rows]
     index, valid = index.to(q.device), valid.to(q.device)
     kv_heads = k.shape[1]
     qf = _flat(q).reshape(q.shape[0], kv_heads, q.shape[1] // kv_heads, index.shape[0], q.shape[-1])
@@ -95,10 +106,11 @@ def _gqa_views(q, k, v, kernel_size, dilation, stride, is_causal, window):
 
 def neighborhood_attention(
     q: Tensor, k: Tensor, v: Tensor, kernel_size: Sequence[int], dilation: Sequence[int],
-    stride: Sequence[int], is_causal: Sequence[bool], scale: float, window: str,
+    stride: Sequence[int], is_causal: Sequence[bool], scale: float, window: str, offset: Sequence[int] | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """(out [B, H, *spatial, Dv] in q's dtype, lse [B, H, *spatial] float32, float64 for float64 q)."""
-    index, valid, qf, kf, vf = _gqa_views(q, k, v, kernel_size, dilation, stride, is_causal, window)
+    """(out [B, H, *q's spatial, Dv] in q's dtype, lse [B, H, *q's spatial] float32, float64 for float64 q); q's
+    box sits at `offset` in k's spatial grid (None: q's grid is k's)."""
+    index, valid, qf, kf, vf = _gqa_views(q, k, v, kernel_size, dilation, stride, is_causal, window, offset)
     batch, kv_heads, groups, tokens = qf.shape[:4]
     kernel = index.shape[1]
     out = q.new_empty(batch, kv_heads, groups, tokens, v.shape[-1])
@@ -121,14 +133,14 @@ def neighborhood_attention(
 def neighborhood_attention_backward(
     grad_out: Tensor, grad_lse: Tensor | None, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
     kernel_size: Sequence[int], dilation: Sequence[int], stride: Sequence[int], is_causal: Sequence[bool],
-    scale: float, window: str,
+    scale: float, window: str, offset: Sequence[int] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients in closed form, the way the kernels compute them:
       p = exp(scale q.k - lse),  delta = rowsum(dO * O) - dLSE
       dV_j = sum_i p_ij dO_i,  dS_ij = p_ij (dO_i.v_j - delta_i),
       dQ_i = scale sum_j dS_ij k_j,  dK_j = scale sum_i dS_ij q_i
     """
-    index, valid, qf, kf, vf = _gqa_views(q, k, v, kernel_size, dilation, stride, is_causal, window)
+    index, valid, qf, kf, vf = _gqa_views(q, k, v, kernel_size, dilation, stride, is_causal, window, offset)
     batch, kv_heads, groups, tokens = qf.shape[:4]
     heads, kernel = q.shape[1], index.shape[1]
     # explicit sizes, no -1: a batch of 0 leaves nothing to infer a dim from
