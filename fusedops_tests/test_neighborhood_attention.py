@@ -1147,6 +1147,38 @@ def test_gpu_real_sizes(spec, dtype):
 
 @gpu
 @pytest.mark.gpu
+@pytest.mark.parametrize("spec, box, offset", [
+    (GPU_CASES[1], (1500,), (1200,)),  # the grid's backward would be the fused 1-D kernel: the box takes two
+    (GPU_CASES[9], (1031,), (2049,)),
+    (GPU_CASES[11], (40, 96), (31, 0)),
+    (GPU_CASES[12], (5, 20, 9), (4, 0, 13)),
+], ids=["1d-fused-grid", "1d-causal-1025", "2d-wide", "3d-wide"])
+def test_gpu_query_offset_rows_of_the_grid(spec, box, offset):
+    """A box of queries (query_offset) on real sizes gives the grid's rows of out and lse, their dq, and the
+    grid's dk/dv when only the box carries gradient (within bf16 tolerance: the box's tiles start elsewhere, so
+    the key boxes and the order of the sums differ)."""
+    spatial, ks, dil, strd, causal, window, b, h, hkv, d = spec
+    case = dict(spatial=list(spatial), ks=list(ks), dil=list(dil), strd=list(strd), causal=list(causal),
+                window=window, batch=b, kv_heads=hkv, groups=h // hkv, head_dim=d, head_dim_v=d,
+                dtype=torch.bfloat16, strided=True, scale=None, with_lse_grad=True, seed=3)
+    q_grid, k, v, grad_grid, grad_lse_grid = build(case, "cuda")
+    rows = (slice(None), slice(None), *(slice(o, o + m) for o, m in zip(offset, box)))
+    grad_out, grad_lse = torch.zeros_like(grad_grid), torch.zeros_like(grad_lse_grid)
+    grad_out[rows], grad_lse[rows] = grad_grid[rows], grad_lse_grid[rows]
+    want_out, want_lse, (want_dq, want_dk, want_dv) = run_fused(q_grid, k, v, grad_out, grad_lse, case)
+    q, k, v = (t.detach().requires_grad_() for t in (q_grid[rows], k, v))
+    out, lse = fusedops.neighborhood_attention(q, k, v, ks, dil, strd, causal, window=window, return_lse=True,
+                                               query_offset=offset)
+    dq, dk, dv = torch.autograd.grad((out.float() * grad_out[rows].float()).sum() + (lse * grad_lse[rows]).sum(),
+                                     (q, k, v))
+    assert_close("out", out, want_out[rows], torch.bfloat16, 4.0)
+    assert_close("lse", lse, want_lse[rows], torch.bfloat16, 2.0)
+    for name, got, want in (("dq", dq, want_dq[rows]), ("dk", dk, want_dk), ("dv", dv, want_dv)):
+        assert_close(name, got, want, torch.bfloat16, 4.0)
+
+
+@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("spatial, ks", [((2048,), (33,)), ((48, 40), (13, 9))])
 def test_gpu_float32_under_tf32(spatial, ks):
     """torch.set_float32_matmul_precision("high") lets float32 dots use TF32 (different bits from the exact

@@ -66,9 +66,36 @@ def run_na(rank, world, rows):
 
         times["cp fwd"] = timed(fwd)
         times["cp fwd+bwd"] = timed(lambda: torch.autograd.grad(fwd(), local[:3], local[3]))
+        times.update(_compute_only(rank, local, lengths, ks, dil, axis))
         rows.append((name, times))
         del q, k, v, grad, local
         torch.cuda.empty_cache()
+
+
+def _compute_only(rank, local, lengths, ks, dil, axis) -> dict:
+    """The rank's op on its queries against k/v halos exchanged once beforehand: the time without the
+    exchange (the copies into the extended slabs and the point-to-point transfers)."""
+    import fusedops
+    from fusedops.neighborhood_attention import context_parallel as cp
+    from fusedops.neighborhood_attention.op import check_window_args
+
+    q, k, v, grad = local
+    ndim = q.dim() - 3
+    kss, dils, sts, causal = check_window_args(ndim, ks, dil, 1, False, "shifted")
+    halo = cp.axis_halo(kss[axis], dils[axis], sts[axis], causal[axis], "shifted")
+    ranges = cp.slab_ranges(lengths, halo, dils[axis] * sts[axis], kss[axis] * dils[axis])
+    with torch.no_grad():
+        (k_ext, land_k), (v_ext, land_v) = (cp.extend(t, 2 + axis, rank, ranges, None) for t in (k, v))
+        land_k(), land_v()
+    k_ext, v_ext = k_ext.requires_grad_(), v_ext.requires_grad_()
+    offset = [0] * ndim
+    offset[axis] = ranges[rank][0] - ranges[rank][2]
+
+    def fwd():
+        return fusedops.neighborhood_attention(q, k_ext, v_ext, ks, dil, query_offset=offset)
+
+    return {"compute fwd": timed(fwd),
+            "compute fwd+bwd": timed(lambda: torch.autograd.grad(fwd(), (q, k_ext, v_ext), grad))}
 
 
 def _single(fn) -> float:
@@ -116,11 +143,16 @@ def main() -> None:
     finally:
         if rank == 0:
             print(f"\n{torch.cuda.get_device_name()} x {world}, bf16, ms (medians; all ranks: the slowest)")
-            print(f"{'case':<58} {'mode':<8} {'one GPU':>8} {'ranks':>8} {'speed-up':>8} {'efficiency':>10}")
+            print("(compute: the ranks' op alone, halos exchanged beforehand; its efficiency is the ceiling without "
+                  "the exchange)")
+            print(f"{'case':<58} {'mode':<8} {'one GPU':>8} {'ranks':>8} {'speed-up':>8} {'efficiency':>10} "
+                  f"{'compute':>8} {'ceiling':>8}")
             for name, t in rows:
                 for mode in ("fwd", "fwd+bwd"):
                     one, cp = t.get(f"one {mode}", float("nan")), t[f"cp {mode}"]
-                    print(f"{name:<58} {mode:<8} {one:8.3f} {cp:8.3f} {one / cp:8.2f} {one / cp / world:10.0%}")
+                    alone = t.get(f"compute {mode}", float("nan"))
+                    print(f"{name:<58} {mode:<8} {one:8.3f} {cp:8.3f} {one / cp:8.2f} {one / cp / world:10.0%} "
+                          f"{alone:8.3f} {one / alone / world:8.0%}")
         dist.destroy_process_group()
 
 

@@ -7,15 +7,14 @@ around its slab that its windows reach: it receives those rows of k and v from t
 queries against the extended keys (the op's query_offset: no halo query is computed). The extended slab
 starts where the global axis does or far enough out that no window of a local query is cut or shifted by
 its edge, and at a multiple of dilation x stride so that stride groups (GNA) line up with the global ones:
-every local result equals the single-device op's. The backward sends the halo keys' gradients back to their
-owners, which add them.
-
-Not yet: overlapping the exchange with the interior's compute.
+every local result equals the single-device op's. The queries whose windows lie inside the slab run while
+the halo is in flight; the ones near the slab's ends after it lands. The backward is one op over all the
+rank's queries; it sends the halo keys' gradients back to their owners, which add them.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -54,32 +53,24 @@ def slab_ranges(lengths: Sequence[int], halo: tuple[int, int], align: int, min_l
     return out
 
 
-class _Halo(torch.autograd.Function):
-    """x (this rank's slab) -> the extended slab [lo, hi) along `dim`, rows from the ranks that own them;
-    backward: the halo rows' gradients go back to their owners and are added there."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, dim: int, rank: int, ranges: list, group) -> Tensor:
-        ctx.dim, ctx.rank, ctx.ranges, ctx.group = dim, rank, ranges, group
-        start, end, lo, hi = ranges[rank]
-        shape = list(x.shape)
-        shape[dim] = hi - lo
-        ext = x.new_empty(shape)
-        ext.narrow(dim, start - lo, end - start).copy_(x)
-        _exchange(x, ext, dim, rank, ranges, group, backward=False)
-        return ext
-
-    @staticmethod
-    def backward(ctx, grad_ext: Tensor):
-        start, end, lo, _ = ctx.ranges[ctx.rank]
-        grad = grad_ext.narrow(ctx.dim, start - lo, end - start).clone(memory_format=torch.contiguous_format)
-        _exchange(grad, grad_ext.contiguous(), ctx.dim, ctx.rank, ctx.ranges, ctx.group, backward=True)
-        return grad, None, None, None, None
+def extend(x: Tensor, dim: int, rank: int, ranges: list, group) -> tuple[Tensor, Callable[[], None]]:
+    """(ext, land): ext is x's extended slab [lo, hi) along `dim` with x's rows in place and the halo rows on
+    their way from the ranks that own them (point-to-point, started here); land() waits for them (no host
+    synchronisation on GPUs: the current stream waits) and puts them in ext. The halo rows of ext are not to
+    be read before land()."""
+    start, end, lo, hi = ranges[rank]
+    shape = list(x.shape)
+    shape[dim] = hi - lo
+    ext = x.new_empty(shape)
+    ext.narrow(dim, start - lo, end - start).copy_(x)
+    return ext, _start_exchange(x, ext, dim, rank, ranges, group, backward=False)
 
 
-def _exchange(local: Tensor, ext: Tensor, dim: int, rank: int, ranges: list, group, backward: bool) -> None:
-    """Forward: receive into ext the rows of [lo, hi) other ranks own and send them the rows of this slab
-    their ranges need. Backward: the reverse, adding what comes back into local."""
+def _start_exchange(local: Tensor, ext: Tensor, dim: int, rank: int, ranges: list, group, backward: bool
+                    ) -> Callable[[], None]:
+    """Forward: start receiving the rows of [lo, hi) other ranks own and sending them the rows of this slab
+    their ranges need. Backward: the reverse, adding what comes back into local. Returns the call that waits
+    for the transfers and lands the received rows."""
     start, end, lo, hi = ranges[rank]
     ops, landed = [], []
     for peer, (p_start, p_end, p_lo, p_hi) in enumerate(ranges):
@@ -99,14 +90,76 @@ def _exchange(local: Tensor, ext: Tensor, dim: int, rank: int, ranges: list, gro
             buf = local.new_empty(shape)
             ops.append(dist.P2POp(dist.irecv, buf, peer_rank, group))
             landed.append((buf, incoming[0]))
-    if ops:
-        for request in dist.batch_isend_irecv(ops):
+    requests = dist.batch_isend_irecv(ops) if ops else []
+
+    def land() -> None:
+        for request in requests:
             request.wait()
-    for buf, first in landed:
-        if backward:
-            local.narrow(dim, first - start, buf.shape[dim]).add_(buf)
-        else:
-            ext.narrow(dim, first - lo, buf.shape[dim]).copy_(buf)
+        for buf, first in landed:
+            if backward:
+                local.narrow(dim, first - start, buf.shape[dim]).add_(buf)
+            else:
+                ext.narrow(dim, first - lo, buf.shape[dim]).copy_(buf)
+
+    return land
+
+
+def query_strips(slab: tuple[int, int, int, int], halo: tuple[int, int]) -> list[tuple[int, int, bool]]:
+    """The slab's queries [start, end) as runs (first, last + 1, needs the halo), the interior (whose windows
+    lie inside the slab: a window reaches at most halo[0] before and halo[1] after its query) first. An empty
+    slab (more ranks than rows) has one empty run."""
+    start, end, lo, hi = slab
+    a = min(end, start + halo[0]) if lo < start else start
+    b = max(a, end - halo[1]) if hi > end else end
+    runs = [(a, b, False), (start, a, True), (b, end, True)]
+    return [run for run in runs if run[1] > run[0]] or [(start, end, True)]
+
+
+class _ContextParallel(torch.autograd.Function):
+    """The rank's queries against the extended k and v: the interior's queries while the halo is in flight, the
+    rest after it lands; one backward op over all of them, whose halo key gradients go back to their owners."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, dim: int, rank: int, ranges: list, group, halo: tuple,
+                window_args: tuple):
+        start, end, lo, _ = ranges[rank]
+        (k_ext, land_k), (v_ext, land_v) = (extend(t, dim, rank, ranges, group) for t in (k, v))
+        outs = {}
+        for first, last, needs_halo in query_strips(ranges[rank], halo):
+            if needs_halo and land_k is not None:
+                land_k(), land_v()
+                land_k = land_v = None
+            offset = [0] * (q.dim() - 3)
+            offset[dim - 2] = first - lo
+            outs[first] = neighborhood_attention(q.narrow(dim, first - start, last - first), k_ext, v_ext,
+                                                 *window_args, return_lse=True, query_offset=offset)
+        if land_k is not None:
+            land_k(), land_v()
+        runs = [outs[first] for first in sorted(outs)]
+        out = runs[0][0] if len(runs) == 1 else torch.cat([o for o, _ in runs], dim)
+        lse = runs[0][1] if len(runs) == 1 else torch.cat([l for _, l in runs], dim)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(q, k_ext, v_ext, out, lse)
+        ctx.dim, ctx.rank, ctx.ranges, ctx.group, ctx.window_args = dim, rank, ranges, group, window_args
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        q, k_ext, v_ext, out, lse = ctx.saved_tensors
+        dim, rank, ranges = ctx.dim, ctx.rank, ctx.ranges
+        start, end, lo, _ = ranges[rank]
+        if grad_out is None:
+            grad_out = torch.zeros_like(out)
+        offset = [0] * (q.dim() - 3)
+        offset[dim - 2] = start - lo
+        dq, dk_ext, dv_ext = torch.ops.fusedops.neighborhood_attention_backward(
+            grad_out, grad_lse, q, k_ext, v_ext, out, lse, *ctx.window_args, offset)
+        grads = []
+        for g_ext in (dk_ext, dv_ext):
+            g = g_ext.narrow(dim, start - lo, end - start).clone(memory_format=torch.contiguous_format)
+            _start_exchange(g, g_ext, dim, rank, ranges, ctx.group, backward=True)()
+            grads.append(g)
+        return dq, grads[0], grads[1], None, None, None, None, None, None
 
 
 def context_parallel_neighborhood_attention(
@@ -128,15 +181,15 @@ def context_parallel_neighborhood_attention(
     if len(lengths) != world or lengths[rank] != q.shape[2 + axis]:
         raise ValueError(f"lengths must hold one slab length per rank ({world}) with this rank's ({rank}) "
                          f"equal to q's axis {axis} ({q.shape[2 + axis]}), got {lengths}")
+    for name, t in (("k", k), ("v", v)):
+        if t.dim() != q.dim() or t.shape[2:-1] != q.shape[2:-1]:
+            raise ValueError(f"{name} must have q's rank and spatial shape {tuple(q.shape[2:-1])}, got shape "
+                             f"{tuple(t.shape)}")
     ks, dil, st, causal = check_window_args(ndim, kernel_size, dilation, stride, is_causal, window)
     halo = axis_halo(ks[axis], dil[axis], st[axis], causal[axis], window)
     ranges = slab_ranges(lengths, halo, dil[axis] * st[axis], ks[axis] * dil[axis])
-    dim = 2 + axis
-    k_ext, v_ext = (_Halo.apply(t, dim, rank, ranges, group) for t in (k, v))
-    offset = [0] * ndim
-    offset[axis] = ranges[rank][0] - ranges[rank][2]  # this slab's first position in the extended one
-    out, lse = neighborhood_attention(q, k_ext, v_ext, ks, dil, st, causal, scale, window, return_lse=True,
-                                      query_offset=offset)
+    out, lse = _ContextParallel.apply(q, k, v, 2 + axis, rank, ranges, group, halo,
+                                      (ks, dil, st, causal, scale, window))
     return (out, lse) if return_lse else out
 
 
