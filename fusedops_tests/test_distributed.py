@@ -325,14 +325,15 @@ CP_CASES = [
 ]
 
 
-def _poisoned_halos(x, dim, rank, ranges, group):
+def _poisoned_halos(xs, dim, rank, ranges, group):
     """context_parallel.extend with the halo rows NaN until they land: a query run before the halo lands (the
     interior) that read one would come out NaN."""
-    ext, land = _real_extend(x, dim, rank, ranges, group)
+    exts, land = _real_extend(xs, dim, rank, ranges, group)
     start, end, lo, hi = ranges[rank]
-    ext.narrow(dim, 0, start - lo).fill_(float("nan"))
-    ext.narrow(dim, end - lo, hi - end).fill_(float("nan"))
-    return ext, land
+    for ext in exts:
+        ext.narrow(dim, 0, start - lo).fill_(float("nan"))
+        ext.narrow(dim, end - lo, hi - end).fill_(float("nan"))
+    return exts, land
 
 
 def _cp_case(rank, mesh):

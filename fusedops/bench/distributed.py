@@ -85,8 +85,8 @@ def _compute_only(rank, local, lengths, ks, dil, axis) -> dict:
     halo = cp.axis_halo(kss[axis], dils[axis], sts[axis], causal[axis], "shifted")
     ranges = cp.slab_ranges(lengths, halo, dils[axis] * sts[axis], kss[axis] * dils[axis])
     with torch.no_grad():
-        (k_ext, land_k), (v_ext, land_v) = (cp.extend(t, 2 + axis, rank, ranges, None) for t in (k, v))
-        land_k(), land_v()
+        (k_ext, v_ext), land = cp.extend((k, v), 2 + axis, rank, ranges, None)
+        land()
     k_ext, v_ext = k_ext.requires_grad_(), v_ext.requires_grad_()
     offset = [0] * ndim
     offset[axis] = ranges[rank][0] - ranges[rank][2]

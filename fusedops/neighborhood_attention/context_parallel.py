@@ -53,24 +53,26 @@ def slab_ranges(lengths: Sequence[int], halo: tuple[int, int], align: int, min_l
     return out
 
 
-def extend(x: Tensor, dim: int, rank: int, ranges: list, group) -> tuple[Tensor, Callable[[], None]]:
-    """(ext, land): ext is x's extended slab [lo, hi) along `dim` with x's rows in place and the halo rows on
-    their way from the ranks that own them (point-to-point, started here); land() waits for them (no host
-    synchronisation on GPUs: the current stream waits) and puts them in ext. The halo rows of ext are not to
-    be read before land()."""
+def extend(xs: Sequence[Tensor], dim: int, rank: int, ranges: list, group) -> tuple[list, Callable[[], None]]:
+    """(exts, land): each ext is an x's extended slab [lo, hi) along `dim` with x's rows in place and the halo
+    rows on their way from the ranks that own them (point-to-point, started here, one batch for all xs); land()
+    waits for them (no host synchronisation on GPUs: the current stream waits) and puts them in place. The halo
+    rows of an ext are not to be read before land()."""
     start, end, lo, hi = ranges[rank]
-    shape = list(x.shape)
-    shape[dim] = hi - lo
-    ext = x.new_empty(shape)
-    ext.narrow(dim, start - lo, end - start).copy_(x)
-    return ext, _start_exchange(x, ext, dim, rank, ranges, group, backward=False)
+    exts = []
+    for x in xs:
+        shape = list(x.shape)
+        shape[dim] = hi - lo
+        exts.append(x.new_empty(shape))
+        exts[-1].narrow(dim, start - lo, end - start).copy_(x)
+    return exts, _start_exchange(list(zip(xs, exts)), dim, rank, ranges, group, backward=False)
 
 
-def _start_exchange(local: Tensor, ext: Tensor, dim: int, rank: int, ranges: list, group, backward: bool
-                    ) -> Callable[[], None]:
-    """Forward: start receiving the rows of [lo, hi) other ranks own and sending them the rows of this slab
-    their ranges need. Backward: the reverse, adding what comes back into local. Returns the call that waits
-    for the transfers and lands the received rows."""
+def _start_exchange(pairs: list, dim: int, rank: int, ranges: list, group, backward: bool) -> Callable[[], None]:
+    """For each (local slab, extended slab) pair, forward: start receiving the rows of [lo, hi) other ranks own
+    and sending them the rows of this slab their ranges need. Backward: the reverse, adding what comes back
+    into local. One batch of transfers for all pairs; returns the call that waits for them and lands the
+    received rows."""
     start, end, lo, hi = ranges[rank]
     ops, landed = [], []
     for peer, (p_start, p_end, p_lo, p_hi) in enumerate(ranges):
@@ -80,22 +82,23 @@ def _start_exchange(local: Tensor, ext: Tensor, dim: int, rank: int, ranges: lis
         mine = (max(start, p_lo), min(end, p_hi))  # rows of this slab in the peer's range
         theirs = (max(p_start, lo), min(p_end, hi))  # rows of the peer's slab in this range
         outgoing, incoming = (theirs, mine) if backward else (mine, theirs)
-        source, base_out = (ext, lo) if backward else (local, start)
-        if outgoing[1] > outgoing[0]:
-            rows = source.narrow(dim, outgoing[0] - base_out, outgoing[1] - outgoing[0]).contiguous()
-            ops.append(dist.P2POp(dist.isend, rows, peer_rank, group))
-        if incoming[1] > incoming[0]:
-            shape = list(local.shape)
-            shape[dim] = incoming[1] - incoming[0]
-            buf = local.new_empty(shape)
-            ops.append(dist.P2POp(dist.irecv, buf, peer_rank, group))
-            landed.append((buf, incoming[0]))
+        for local, ext in pairs:
+            source, base_out = (ext, lo) if backward else (local, start)
+            if outgoing[1] > outgoing[0]:
+                rows = source.narrow(dim, outgoing[0] - base_out, outgoing[1] - outgoing[0]).contiguous()
+                ops.append(dist.P2POp(dist.isend, rows, peer_rank, group))
+            if incoming[1] > incoming[0]:
+                shape = list(local.shape)
+                shape[dim] = incoming[1] - incoming[0]
+                buf = local.new_empty(shape)
+                ops.append(dist.P2POp(dist.irecv, buf, peer_rank, group))
+                landed.append((local, ext, buf, incoming[0]))
     requests = dist.batch_isend_irecv(ops) if ops else []
 
     def land() -> None:
         for request in requests:
             request.wait()
-        for buf, first in landed:
+        for local, ext, buf, first in landed:
             if backward:
                 local.narrow(dim, first - start, buf.shape[dim]).add_(buf)
             else:
@@ -123,18 +126,18 @@ class _ContextParallel(torch.autograd.Function):
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, dim: int, rank: int, ranges: list, group, halo: tuple,
                 window_args: tuple):
         start, end, lo, _ = ranges[rank]
-        (k_ext, land_k), (v_ext, land_v) = (extend(t, dim, rank, ranges, group) for t in (k, v))
+        (k_ext, v_ext), land = extend((k, v), dim, rank, ranges, group)
         outs = {}
         for first, last, needs_halo in query_strips(ranges[rank], halo):
-            if needs_halo and land_k is not None:
-                land_k(), land_v()
-                land_k = land_v = None
+            if needs_halo and land is not None:
+                land()
+                land = None
             offset = [0] * (q.dim() - 3)
             offset[dim - 2] = first - lo
             outs[first] = neighborhood_attention(q.narrow(dim, first - start, last - first), k_ext, v_ext,
                                                  *window_args, return_lse=True, query_offset=offset)
-        if land_k is not None:
-            land_k(), land_v()
+        if land is not None:
+            land()
         runs = [outs[first] for first in sorted(outs)]
         out = runs[0][0] if len(runs) == 1 else torch.cat([o for o, _ in runs], dim)
         lse = runs[0][1] if len(runs) == 1 else torch.cat([l for _, l in runs], dim)
@@ -154,12 +157,10 @@ class _ContextParallel(torch.autograd.Function):
         offset[dim - 2] = start - lo
         dq, dk_ext, dv_ext = torch.ops.fusedops.neighborhood_attention_backward(
             grad_out, grad_lse, q, k_ext, v_ext, out, lse, *ctx.window_args, offset)
-        grads = []
-        for g_ext in (dk_ext, dv_ext):
-            g = g_ext.narrow(dim, start - lo, end - start).clone(memory_format=torch.contiguous_format)
-            _start_exchange(g, g_ext, dim, rank, ranges, ctx.group, backward=True)()
-            grads.append(g)
-        return dq, grads[0], grads[1], None, None, None, None, None, None
+        dk, dv = (g.narrow(dim, start - lo, end - start).clone(memory_format=torch.contiguous_format)
+                  for g in (dk_ext, dv_ext))
+        _start_exchange([(dk, dk_ext), (dv, dv_ext)], dim, rank, ranges, ctx.group, backward=True)()
+        return dq, dk, dv, None, None, None, None, None, None
 
 
 def context_parallel_neighborhood_attention(
