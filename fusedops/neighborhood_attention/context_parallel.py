@@ -7,9 +7,12 @@ around its slab that its windows reach: it receives those rows of k and v from t
 queries against the extended keys (the op's query_offset: no halo query is computed). The extended slab
 starts where the global axis does or far enough out that no window of a local query is cut or shifted by
 its edge, and at a multiple of dilation x stride so that stride groups (GNA) line up with the global ones:
-every local result equals the single-device op's. The queries whose windows lie inside the slab run while
-the halo is in flight; the ones near the slab's ends after it lands. The backward is one op over all the
-rank's queries; it sends the halo keys' gradients back to their owners, which add them.
+every local result equals the single-device op's. The backward is one op over all the rank's queries; it
+sends the halo keys' gradients back to their owners, which add them.
+
+Not overlapped: running the queries whose windows lie inside the slab while the halo is in flight, and the
+rest after it lands, was 2-4% slower than one op after the halo lands (H200 x2, bench/NOTES.md, distributed
+run 2): the exchange did not run under the interior's kernel.
 """
 
 from __future__ import annotations
@@ -107,40 +110,18 @@ def _start_exchange(pairs: list, dim: int, rank: int, ranges: list, group, backw
     return land
 
 
-def query_strips(slab: tuple[int, int, int, int], halo: tuple[int, int]) -> list[tuple[int, int, bool]]:
-    """The slab's queries [start, end) as runs (first, last + 1, needs the halo), the interior (whose windows
-    lie inside the slab: a window reaches at most halo[0] before and halo[1] after its query) first. An empty
-    slab (more ranks than rows) has one empty run."""
-    start, end, lo, hi = slab
-    a = min(end, start + halo[0]) if lo < start else start
-    b = max(a, end - halo[1]) if hi > end else end
-    runs = [(a, b, False), (start, a, True), (b, end, True)]
-    return [run for run in runs if run[1] > run[0]] or [(start, end, True)]
-
-
 class _ContextParallel(torch.autograd.Function):
-    """The rank's queries against the extended k and v: the interior's queries while the halo is in flight, the
-    rest after it lands; one backward op over all of them, whose halo key gradients go back to their owners."""
+    """The rank's queries against the extended k and v, one op; its backward one op too, whose halo key
+    gradients go back to their owners."""
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, dim: int, rank: int, ranges: list, group, halo: tuple,
-                window_args: tuple):
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, dim: int, rank: int, ranges: list, group, window_args: tuple):
         start, end, lo, _ = ranges[rank]
         (k_ext, v_ext), land = extend((k, v), dim, rank, ranges, group)
-        outs = {}
-        for first, last, needs_halo in query_strips(ranges[rank], halo):
-            if needs_halo and land is not None:
-                land()
-                land = None
-            offset = [0] * (q.dim() - 3)
-            offset[dim - 2] = first - lo
-            outs[first] = neighborhood_attention(q.narrow(dim, first - start, last - first), k_ext, v_ext,
-                                                 *window_args, return_lse=True, query_offset=offset)
-        if land is not None:
-            land()
-        runs = [outs[first] for first in sorted(outs)]
-        out = runs[0][0] if len(runs) == 1 else torch.cat([o for o, _ in runs], dim)
-        lse = runs[0][1] if len(runs) == 1 else torch.cat([l for _, l in runs], dim)
+        land()
+        offset = [0] * (q.dim() - 3)
+        offset[dim - 2] = start - lo
+        out, lse = neighborhood_attention(q, k_ext, v_ext, *window_args, return_lse=True, query_offset=offset)
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(q, k_ext, v_ext, out, lse)
         ctx.dim, ctx.rank, ctx.ranges, ctx.group, ctx.window_args = dim, rank, ranges, group, window_args
@@ -160,7 +141,7 @@ class _ContextParallel(torch.autograd.Function):
         dk, dv = (g.narrow(dim, start - lo, end - start).clone(memory_format=torch.contiguous_format)
                   for g in (dk_ext, dv_ext))
         _start_exchange([(dk, dk_ext), (dv, dv_ext)], dim, rank, ranges, ctx.group, backward=True)()
-        return dq, dk, dv, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None
 
 
 def context_parallel_neighborhood_attention(
@@ -189,8 +170,7 @@ def context_parallel_neighborhood_attention(
     ks, dil, st, causal = check_window_args(ndim, kernel_size, dilation, stride, is_causal, window)
     halo = axis_halo(ks[axis], dil[axis], st[axis], causal[axis], window)
     ranges = slab_ranges(lengths, halo, dil[axis] * st[axis], ks[axis] * dil[axis])
-    out, lse = _ContextParallel.apply(q, k, v, 2 + axis, rank, ranges, group, halo,
-                                      (ks, dil, st, causal, scale, window))
+    out, lse = _ContextParallel.apply(q, k, v, 2 + axis, rank, ranges, group, (ks, dil, st, causal, scale, window))
     return (out, lse) if return_lse else out
 
 
