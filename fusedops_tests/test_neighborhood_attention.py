@@ -533,6 +533,10 @@ def opcheck_samples():
     yield (torch.randn(1, 1, 4, 5, 8, generator=gen).bfloat16(), torch.randn(1, 1, 4, 5, 8, generator=gen).bfloat16(),
            torch.randn(1, 1, 4, 5, 8, generator=gen).bfloat16(), [3, 3], [1, 1], [1, 1], [True, False], 0.5,
            "truncated")
+    # q a 2 x 3 box of k's 4 x 6 grid (query_offset)
+    yield (torch.randn(1, 2, 2, 3, 8, generator=gen), torch.randn(1, 2, 4, 6, 8, generator=gen),
+           torch.randn(1, 2, 4, 6, 8, generator=gen), [3, 3], [1, 2], [2, 1], [False, False], None, "shifted",
+           [1, 2])
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -570,6 +574,26 @@ def test_compile_fullgraph_matches_eager(path):
 def test_export_round_trip(path):
     torch.manual_seed(6)
     assert_export_round_trip(path, TinyModel().eval(), torch.randn(1, 5, 7, 16), "neighborhood_attention")
+
+
+class BoxAttention(torch.nn.Module):
+    """Attention of a query box (rows 3..7 of 12) against the whole grid: query_offset through compile/export."""
+
+    def __init__(self):
+        super().__init__()
+        self.gain = torch.nn.Parameter(torch.linspace(0.5, 1.5, 8))
+
+    def forward(self, x):
+        x = x * self.gain
+        return fusedops.neighborhood_attention(x[:, :, 3:8], x, x, 5, dilation=2, query_offset=3)
+
+
+def test_query_offset_compiles_and_exports():
+    """query_offset is a schema argument: fullgraph compile and export keep it (the fake kernel takes q's box)."""
+    torch.manual_seed(8)
+    x = torch.randn(1, 2, 12, 8)
+    assert_compiles_like_eager("reference", BoxAttention(), x)
+    assert_export_round_trip("reference", BoxAttention(), x, "neighborhood_attention")
 
 
 def _qkv_sets(spatials, heads=(4, 2), dim=16, device="cpu", dtype=torch.float32):

@@ -528,7 +528,8 @@ def neighborhood_attention(
                                                                 scale, window, query_offset)
     else:  # compiling: the op's fake kernel checks them (see checks_in_wrapper)
         ks, dil, st, causal = map(_as_list, (kernel_size, dilation, stride, is_causal))
-        checked_scale, offset = scale, None if query_offset is None else _as_list(query_offset)
+        checked_scale = scale
+        offset = [0] * (q.dim() - 3) if query_offset is None else _as_list(query_offset)
     if type(q) is not Tensor:
         from . import context_parallel
 
