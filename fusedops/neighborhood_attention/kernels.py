@@ -15,6 +15,10 @@ and the plan may drop: WALK_TESTS), accumulating dK/dV in registers over all que
 group: no atomics. A 1-D problem with a narrow window
 takes one fused backward kernel instead (na_bwd_fused_1d_kernel: owned rows plus a halo).
 
+q may hold only a box of the key grid (the op's query_offset): per axis the box's first position QO and length
+QL; query tiles cover each dilation group's queries in the box (_query_range), and the dK/dV walk cuts each key
+tile's query span to them (_clipped_span). q, out, lse, delta and dq are addressed at box positions.
+
 All tensor offsets are int64; q/k/v/grad_out are read through their own (batch, head, axis) strides,
 so a permuted heads-last view runs without a copy. out, lse, delta and the gradients are contiguous.
 
