@@ -145,7 +145,7 @@ def run_ops(target: Target = H100) -> None:
 def _na_launches(shape, kernel, dtype, window, causal, target: Target) -> None:
     q = torch.randn(shape, dtype=dtype)
     ndim = len(kernel)
-    args = (kernel, [1] * ndim, [1] * ndim, causal, q.shape[-1] ** -0.5, window, target)
+    args = (kernel, [1] * ndim, [1] * ndim, causal, q.shape[-1] ** -0.5, window, [0] * ndim, target)
     out, lse = na._forward(q, q, q, *args)
     na._backward(out, lse, q, q, q, out, lse, *args)
 

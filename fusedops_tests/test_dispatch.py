@@ -432,7 +432,7 @@ def _bodies():
     weight, idx = torch.randn(5000, 96), torch.randint(0, 5000, (4, 100))
     qkv = [torch.randn(2, 4, 100, 64, dtype=bf16) for _ in range(4)]
     qkv2 = [torch.randn(2, 4, 12, 16, 32, dtype=bf16) for _ in range(3)]
-    na_args = ((7,), (2,), (1,), (False,), 0.125, "shifted", H100)
+    na_args = ((7,), (2,), (1,), (False,), 0.125, "shifted", (0,), H100)
     return [
         ("attn_res", lambda v, q, w: ar._forward(v, q, w, 1e-6, H100), (v, q, w), {(0, 3), (1, 0), (2, 0)}),
         ("attn_res_backward", lambda go, v, q, w, o, l: ar._backward(go, v, q, w, 1e-6, True, True, True, H100, o, l),
@@ -443,7 +443,7 @@ def _bodies():
         ("neighborhood_attention 1d", lambda q, k, v: na._forward(q, k, v, *na_args), tuple(qkv[:3]),
          {(0, 3), (1, 3), (2, 3)}),
         ("neighborhood_attention 2d", lambda q, k, v: na._forward(q, k, v, (5, 7), (1, 1), (1, 1), (False, False),
-                                                                   0.125, "shifted", H100), tuple(qkv2),
+                                                                   0.125, "shifted", (0, 0), H100), tuple(qkv2),
          {(0, 4), (1, 4), (2, 4)}),
         ("neighborhood_attention_backward", lambda g, q, k, v, o, l: na._backward(g, None, q, k, v, o, l, *na_args),
          (qkv[3], *qkv[:3], qkv[3], torch.randn(2, 4, 100)), {(0, 3), (1, 3), (2, 3), (3, 3), (4, 3)}),

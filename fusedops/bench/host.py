@@ -91,14 +91,16 @@ def launch_costs():
     from fusedops.targets import target_for
 
     q, k, v = (torch.randn(2, 12, 4096, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    out, lse = na._forward(q, k, v, [7], [1], [1], [False], 0.125, "shifted", target_for(q.device))
+    target = target_for(q.device, q.dtype)
+    out, lse = na._forward(q, k, v, [7], [1], [1], [False], 0.125, "shifted", [0], target)
     grid, args, meta = na._forward_spec(q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype,
-                                        (7,), (1,), (1,), (False,), 0.125, "shifted", target_for(q.device), "|", False)
-    n = 5 + len(args)
-    t = wall_ms(lambda: na_fwd_kernel[(grid,)](q, k, v, out, lse, *args, **meta), reps=500)
+                                        (7,), (1,), (1,), (False,), 0.125, "shifted", (0,), target, (), False)
+    tensors = dict(q_ptr=q, k_ptr=k, v_ptr=v, o_ptr=out, lse_ptr=lse)
+    n = len(tensors) + len(args)
+    t = wall_ms(lambda: na_fwd_kernel[(grid,)](**tensors, **args, **meta), reps=500)
     print(f"bare Triton launch of na_fwd_kernel ({n} runtime args): {t * 1e3:.1f} us")
     with set_wrap_triton_enabled(False):
-        t = wall_ms(lambda: launch(na_fwd_kernel, (grid,), (q, k, v, out, lse), args, meta), reps=500)
+        t = wall_ms(lambda: launch(na_fwd_kernel, (grid,), dict(tensors, **args), meta), reps=500)
     print(f"fusedops.launch of na_fwd_kernel (cached compiled kernel): {t * 1e3:.1f} us")
     t = wall_ms(lambda: torch.empty(1, device="cuda").add_(1), reps=500)
     print(f"torch empty + add_ (two tiny eager ops, reference): {t * 1e3:.1f} us")

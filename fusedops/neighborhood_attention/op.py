@@ -187,7 +187,7 @@ class _Geometry:
     def __init__(self, q_shape, k_shape, v_shape, ks, dil, st, causal, offset, window="shifted"):
         self.ndim = len(q_shape) - 3
         self.spatial = _pad3(list(k_shape[2:-1]), 1)  # the key grid
-        self.q_spatial = _pad3(list(q_shape[2:-1]), 1)  # q's box in it, from q_offset
+        self.q_spatial = _pad3(list(q_shape[2:-1]), 1)  # q's box in it, at q_offset
         self.q_offset = _pad3(list(offset), 0)
         self.kernel = _pad3(ks, 1)
         self.dilation = _pad3(dil, 1)
