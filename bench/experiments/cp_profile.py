@@ -9,6 +9,7 @@ import torch.distributed as dist
 import fusedops
 from fusedops.bench.distributed import timed
 from fusedops.neighborhood_attention import context_parallel as cp
+from fusedops.neighborhood_attention.op import check_window_args
 
 
 def main():
@@ -25,12 +26,9 @@ def main():
         lengths = [q.shape[2]] * world
         fwd = lambda: cp.context_parallel_neighborhood_attention(q, k, v, ks, lengths=lengths)
         rows = {"forward": timed(fwd)}
-        halo = cp.axis_halo(ks if isinstance(ks, int) else ks[0], 1, 1, False, "shifted")
-        ranges = cp.slab_ranges(lengths, halo, 1, ks if isinstance(ks, int) else ks[0])
-
-        rows["exchange (k, v) alone"] = timed(lambda: cp.extend((k, v), 2, rank, ranges, None)[1]())
-        (k_ext, v_ext), land = cp.extend((k, v), 2, rank, ranges, None)
-        land()
+        ranges = cp.rank_ranges(lengths, 0, *check_window_args(q.dim() - 3, ks, 1, 1, False, "shifted"), "shifted")
+        rows["exchange (k, v) alone"] = timed(lambda: cp.extend((k, v), 2, rank, ranges, None))
+        k_ext, v_ext = cp.extend((k, v), 2, rank, ranges, None)
         off = [ranges[rank][0] - ranges[rank][2]] + [0] * (q.dim() - 4)
         rows["op alone"] = timed(lambda: fusedops.neighborhood_attention(q, k_ext, v_ext, ks, query_offset=off))
         if rank == 0:

@@ -81,13 +81,9 @@ def _compute_only(rank, local, lengths, ks, dil, axis) -> dict:
 
     q, k, v, grad = local
     ndim = q.dim() - 3
-    kss, dils, sts, causal = check_window_args(ndim, ks, dil, 1, False, "shifted")
-    halo = cp.axis_halo(kss[axis], dils[axis], sts[axis], causal[axis], "shifted")
-    ranges = cp.slab_ranges(lengths, halo, dils[axis] * sts[axis], kss[axis] * dils[axis])
+    ranges = cp.rank_ranges(lengths, axis, *check_window_args(ndim, ks, dil, 1, False, "shifted"), "shifted")
     with torch.no_grad():
-        (k_ext, v_ext), land = cp.extend((k, v), 2 + axis, rank, ranges, None)
-        land()
-    k_ext, v_ext = k_ext.requires_grad_(), v_ext.requires_grad_()
+        k_ext, v_ext = (t.requires_grad_() for t in cp.extend((k, v), 2 + axis, rank, ranges, None))
     offset = [0] * ndim
     offset[axis] = ranges[rank][0] - ranges[rank][2]
 

@@ -17,7 +17,7 @@ run 2): the exchange did not run under the interior's kernel.
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -56,11 +56,16 @@ def slab_ranges(lengths: Sequence[int], halo: tuple[int, int], align: int, min_l
     return out
 
 
-def extend(xs: Sequence[Tensor], dim: int, rank: int, ranges: list, group) -> tuple[list, Callable[[], None]]:
-    """(exts, land): each ext is an x's extended slab [lo, hi) along `dim` with x's rows in place and the halo
-    rows on their way from the ranks that own them (point-to-point, started here, one batch for all xs); land()
-    waits for them (no host synchronisation on GPUs: the current stream waits) and puts them in place. The halo
-    rows of an ext are not to be read before land()."""
+def rank_ranges(lengths: Sequence[int], axis: int, ks: list, dil: list, st: list, causal: list, window: str
+                ) -> list[tuple[int, int, int, int]]:
+    """slab_ranges for normalised window arguments (check_window_args) sharded on spatial axis `axis`."""
+    halo = axis_halo(ks[axis], dil[axis], st[axis], causal[axis], window)
+    return slab_ranges(lengths, halo, dil[axis] * st[axis], ks[axis] * dil[axis])
+
+
+def extend(xs: Sequence[Tensor], dim: int, rank: int, ranges: list, group) -> list[Tensor]:
+    """Each x's extended slab [lo, hi) along `dim`: x's rows, and the halo rows from the ranks that own them
+    (point-to-point, one batch for all xs; on GPUs the current stream waits for them, the host does not)."""
     start, end, lo, hi = ranges[rank]
     exts = []
     for x in xs:
@@ -68,14 +73,14 @@ def extend(xs: Sequence[Tensor], dim: int, rank: int, ranges: list, group) -> tu
         shape[dim] = hi - lo
         exts.append(x.new_empty(shape))
         exts[-1].narrow(dim, start - lo, end - start).copy_(x)
-    return exts, _start_exchange(list(zip(xs, exts)), dim, rank, ranges, group, backward=False)
+    _exchange(list(zip(xs, exts)), dim, rank, ranges, group, backward=False)
+    return exts
 
 
-def _start_exchange(pairs: list, dim: int, rank: int, ranges: list, group, backward: bool) -> Callable[[], None]:
-    """For each (local slab, extended slab) pair, forward: start receiving the rows of [lo, hi) other ranks own
-    and sending them the rows of this slab their ranges need. Backward: the reverse, adding what comes back
-    into local. One batch of transfers for all pairs; returns the call that waits for them and lands the
-    received rows."""
+def _exchange(pairs: list, dim: int, rank: int, ranges: list, group, backward: bool) -> None:
+    """For each (local slab, extended slab) pair, forward: receive into the extended slab the rows of [lo, hi)
+    other ranks own and send them the rows of this slab their ranges need. Backward: the reverse, adding what
+    comes back into local. One batch of transfers for all pairs."""
     start, end, lo, hi = ranges[rank]
     ops, landed = [], []
     for peer, (p_start, p_end, p_lo, p_hi) in enumerate(ranges):
@@ -96,18 +101,13 @@ def _start_exchange(pairs: list, dim: int, rank: int, ranges: list, group, backw
                 buf = local.new_empty(shape)
                 ops.append(dist.P2POp(dist.irecv, buf, peer_rank, group))
                 landed.append((local, ext, buf, incoming[0]))
-    requests = dist.batch_isend_irecv(ops) if ops else []
-
-    def land() -> None:
-        for request in requests:
-            request.wait()
-        for local, ext, buf, first in landed:
-            if backward:
-                local.narrow(dim, first - start, buf.shape[dim]).add_(buf)
-            else:
-                ext.narrow(dim, first - lo, buf.shape[dim]).copy_(buf)
-
-    return land
+    for request in dist.batch_isend_irecv(ops) if ops else []:
+        request.wait()
+    for local, ext, buf, first in landed:
+        if backward:
+            local.narrow(dim, first - start, buf.shape[dim]).add_(buf)
+        else:
+            ext.narrow(dim, first - lo, buf.shape[dim]).copy_(buf)
 
 
 class _ContextParallel(torch.autograd.Function):
@@ -116,15 +116,14 @@ class _ContextParallel(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, dim: int, rank: int, ranges: list, group, window_args: tuple):
-        start, end, lo, _ = ranges[rank]
-        (k_ext, v_ext), land = extend((k, v), dim, rank, ranges, group)
-        land()
+        k_ext, v_ext = extend((k, v), dim, rank, ranges, group)
         offset = [0] * (q.dim() - 3)
-        offset[dim - 2] = start - lo
+        offset[dim - 2] = ranges[rank][0] - ranges[rank][2]  # the slab's first row in the extended one
         out, lse = neighborhood_attention(q, k_ext, v_ext, *window_args, return_lse=True, query_offset=offset)
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(q, k_ext, v_ext, out, lse)
-        ctx.dim, ctx.rank, ctx.ranges, ctx.group, ctx.window_args = dim, rank, ranges, group, window_args
+        ctx.dim, ctx.rank, ctx.ranges, ctx.group = dim, rank, ranges, group
+        ctx.window_args, ctx.offset = window_args, offset
         return out, lse
 
     @staticmethod
@@ -134,13 +133,11 @@ class _ContextParallel(torch.autograd.Function):
         start, end, lo, _ = ranges[rank]
         if grad_out is None:
             grad_out = torch.zeros_like(out)
-        offset = [0] * (q.dim() - 3)
-        offset[dim - 2] = start - lo
         dq, dk_ext, dv_ext = torch.ops.fusedops.neighborhood_attention_backward(
-            grad_out, grad_lse, q, k_ext, v_ext, out, lse, *ctx.window_args, offset)
+            grad_out, grad_lse, q, k_ext, v_ext, out, lse, *ctx.window_args, ctx.offset)
         dk, dv = (g.narrow(dim, start - lo, end - start).clone(memory_format=torch.contiguous_format)
                   for g in (dk_ext, dv_ext))
-        _start_exchange([(dk, dk_ext), (dv, dv_ext)], dim, rank, ranges, ctx.group, backward=True)()
+        _exchange([(dk, dk_ext), (dv, dv_ext)], dim, rank, ranges, ctx.group, backward=True)
         return dq, dk, dv, None, None, None, None, None
 
 
@@ -168,8 +165,7 @@ def context_parallel_neighborhood_attention(
             raise ValueError(f"{name} must have q's rank and spatial shape {tuple(q.shape[2:-1])}, got shape "
                              f"{tuple(t.shape)}")
     ks, dil, st, causal = check_window_args(ndim, kernel_size, dilation, stride, is_causal, window)
-    halo = axis_halo(ks[axis], dil[axis], st[axis], causal[axis], window)
-    ranges = slab_ranges(lengths, halo, dil[axis] * st[axis], ks[axis] * dil[axis])
+    ranges = rank_ranges(lengths, axis, ks, dil, st, causal, window)
     out, lse = _ContextParallel.apply(q, k, v, 2 + axis, rank, ranges, group, (ks, dil, st, causal, scale, window))
     return (out, lse) if return_lse else out
 

@@ -444,7 +444,7 @@ def _setup_context(ctx, inputs, output):
     out, lse = output
     ctx.set_materialize_grads(False)  # an unused lse gets no zero-filled gradient
     ctx.save_for_backward(q, k, v, out, lse)
-    ctx.args = tuple(args) + (None,) * (7 - len(args))
+    ctx.args = tuple(args)
 
 
 def _backward_rule(ctx, grad_out, grad_lse):
