@@ -195,10 +195,10 @@ class _Geometry:
         self.causal = [int(c) for c in _pad3(causal, False)]
         self.batch, self.heads, self.kv_heads = q_shape[0], q_shape[1], k_shape[1]
         self.head_dim, self.head_dim_v = q_shape[-1], v_shape[-1]
+        self.box = self.q_spatial != self.spatial  # q holds part of the key grid (query_offset)
         # The fused 1-D backward owns keys and queries alike: only where q covers the key grid.
-        whole = self.q_spatial == self.spatial
         self.halo = (reach(self.kernel[2], self.stride[2], bool(self.causal[2]), window)
-                     if self.ndim == 1 and whole else None)
+                     if self.ndim == 1 and not self.box else None)
 
     def axis_args(self) -> dict:
         """The kernels' per-axis arguments by name: key lengths L, query offsets QO and lengths QL, kernel K,
@@ -227,10 +227,10 @@ class _Geometry:
                          kernel=self.kernel, stride=self.stride)
 
 
-def _meta(plan, window: str, ndim: int) -> dict:
+def _meta(plan, window: str, geo: _Geometry) -> dict:
     return dict(
-        TRUNCATED=window == "truncated", NDIM=ndim, ONE_COMPARE=plan.one_compare_mask, MASK_BITS=plan.mask_bits,
-        INSIDE=plan.unmasked_inside,
+        TRUNCATED=window == "truncated", NDIM=geo.ndim, BOX=geo.box, ONE_COMPARE=plan.one_compare_mask,
+        MASK_BITS=plan.mask_bits, INSIDE=plan.unmasked_inside,
         BM0=plan.bm[0], BM1=plan.bm[1], BM2=plan.bm[2], BN0=plan.bn[0], BN1=plan.bn[1], BN2=plan.bn[2],
         **_launch_meta(plan),
     )
@@ -261,7 +261,7 @@ def _forward_spec(q_shape, q_stride, k_shape, k_stride, v_shape, v_stride, dtype
                 H=geo.heads, G=geo.heads // geo.kv_heads, D=geo.head_dim, DV=geo.head_dim_v,
                 **geo.axis_args(), **_named("NB", geo.blocks(plan.bm, queries=True)), num_tiles=tiles,
                 qk_scale=scale * LOG2E)
-    meta = dict(_meta(plan, window, geo.ndim), **_register_cap(plan.fwd_registers))
+    meta = dict(_meta(plan, window, geo), **_register_cap(plan.fwd_registers))
     return plan_grid(target, tiles), args, meta
 
 
@@ -291,7 +291,7 @@ def _backward_spec(q_shape, q_stride, k_shape, k_stride, v_shape, v_stride, go_s
     plan = geo.plan(target, dtype, backward=True, tf32=tf32)
     if plan.fused:
         return (_fused_spec(geo, plan, q_stride, k_stride, v_stride, go_stride, scale, window, has_dlse, target),)
-    meta = _meta(plan, window, geo.ndim)
+    meta = _meta(plan, window, geo)
     strides = dict(**_strides("q", q_stride), **_strides("k", k_stride), **_strides("v", v_stride),
                    **_strides("d", go_stride))
     q_tiles = geo.tiles(plan.bm, geo.heads, queries=True)
@@ -306,7 +306,7 @@ def _backward_spec(q_shape, q_stride, k_shape, k_stride, v_shape, v_stride, go_s
             dict(strides, H=geo.heads, HKV=geo.kv_heads, G=geo.heads // geo.kv_heads, D=geo.head_dim,
                  DV=geo.head_dim_v, **geo.axis_args(), **_named("NN", geo.blocks(dk_plan.bn, queries=False)), num_tiles=k_tiles,
                  qk_scale=scale * LOG2E, scale=scale),
-            dict(_meta(dk_plan, window, geo.ndim), DK_BY_KEYS=dk_plan.dk_by_keys, WALK_TESTS=dk_plan.walk_tests,
+            dict(_meta(dk_plan, window, geo), DK_BY_KEYS=dk_plan.dk_by_keys, WALK_TESTS=dk_plan.walk_tests,
                  **_register_cap(dk_plan.dkdv_registers)))
     return dq, dkdv
 
