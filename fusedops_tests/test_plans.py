@@ -84,7 +84,7 @@ def test_resolver_errors(toy_table):
         plans.validate(_table([{**_row("*", {}, 1), "params": {"y": 1}}]))
 
 
-@pytest.mark.parametrize("op", ["attn_res", "embedding", "neighborhood_attention"])
+@pytest.mark.parametrize("op", ["attn_res", "block_attn_res", "embedding", "neighborhood_attention"])
 def test_tables_are_valid_and_name_their_runs(op):
     data = plans.table(op)
     plans.validate(data)
@@ -120,6 +120,25 @@ def test_h200_resolves_its_own_rows():
     assert row["arch"] == "sm90-h200" and row["run"].startswith("h200")
     from fusedops.attn_res.plan import make_plan
     assert make_plan(h200, 4096, 7168, 2, backward=False) == make_plan(H100, 4096, 7168, 2, backward=False)
+
+
+def test_block_attn_res_plans_come_from_its_table():
+    """The H200 sweep's plans (bench/NOTES.md, Block AttnRes run 1) come out of block_attn_res/plans.json, and
+    a row ahead of the table changes them: nothing measured is left in the planner's code."""
+    from fusedops.block_attn_res.plan import MergePlan, MultiPlan, merge_plan, multi_plan
+
+    h200 = dataclasses.replace(H100, arch="sm90-h200")
+    assert multi_plan(h200, 8192, 9, 8, 7168, 2) == MultiPlan(16, 16, 64, 1, 7168, 528, 4, 4, True, 2, 64)
+    assert multi_plan(h200, 1, 9, 8, 7168, 2) == MultiPlan(16, 16, 64, 112, 64, 112, 4, 4, True, 2, 64)
+    assert multi_plan(h200, 8192, 9, 8, 7168, 2, backward=True) == MultiPlan(8, 16, 512, 1, 7168, 132, 8)
+    assert merge_plan(h200, 1, 7168, 2) == MergePlan(1, 4096, 1, 16)
+    assert merge_plan(h200, 8192, 7168, 2) == MergePlan(1, 4096, 528, 4)
+    row = next(r for r in plans.table("block_attn_res")["rows"]
+               if (r["kernel"], r["arch"]) == ("multi_dot", "sm90-h200"))
+    wider = dict(row, params=dict(row["params"], narrow_tile_d=128))
+    with plans.candidate_rows("block_attn_res", [wider]):
+        assert multi_plan(h200, 8192, 9, 8, 7168, 2).block_d == 128
+    assert multi_plan(h200, 8192, 9, 8, 7168, 2).block_d == 64
 
 
 # ---- forced configurations -------------------------------------------------------------------------------------
@@ -366,22 +385,23 @@ def test_plans_of_pinned_shapes_are_unchanged():
                         f"pinned {[pinned[k] for k in changed[:1]]}"
 
 
-def test_tuner_smoke_writes_rows(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("op", ["neighborhood_attention", "block_attn_res"])
+def test_tuner_smoke_writes_rows(op, tmp_path, monkeypatch, capsys):
     """`python -m fusedops.bench tune <op>` on a CPU (the interpreter, a tiny sweep): it prints table rows for the
     device's arch, named by the run, and writes them into a copy of the table; the package's table is untouched."""
     monkeypatch.setenv("FUSEDOPS_INTERPRET", "cuda")
     from fusedops.bench import tune
 
     path = tmp_path / "plans.json"
-    assert tune.main(["neighborhood_attention", "--device", "cpu", "--table", str(path), "--run", "ci-smoke"]) == 0
+    assert tune.main([op, "--device", "cpu", "--table", str(path), "--run", "ci-smoke"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
     assert rows and all(r["run"] == "ci-smoke" and r["vendor"] == "cuda" for r in rows)
     table = json.loads(path.read_text())
     plans.validate(table)
     assert sum(r["run"] == "ci-smoke" for r in table["rows"]) == len(rows)
-    assert all(r["run"] != "ci-smoke" for r in plans.table("neighborhood_attention")["rows"])
+    assert all(r["run"] != "ci-smoke" for r in plans.table(op)["rows"])
     with pytest.raises(SystemExit, match="--write"):
-        tune.main(["neighborhood_attention", "--device", "cpu", "--write"])
+        tune.main([op, "--device", "cpu", "--write"])
 
 
 def test_tuner_replaces_a_row_only_for_a_clear_win():

@@ -39,6 +39,13 @@ CANDIDATES = {
         "bwd_depth": {"programs_per_core": [1, 2, 4], "elements_per_thread": [64, 128]},
         "reduce": {"block_d": [32, 64, 128], "max_block_p": [64, 128, 256]},
     },
+    "block_attn_res": {
+        "multi_fwd": {"tile_elements": [4096, 8192, 16384]},
+        "multi_dot": {"rows": [32, 64, 128], "wide_tile_d": [64, 128, 256], "narrow_tile_d": [32, 64, 128]},
+        "multi_bwd": {"tile_elements": [2048, 4096, 8192]},
+        "merge_fwd": {"tile_d": [2048, 4096, 8192], "many_rows_max_warps": [4, 8, 16]},
+        "merge_bwd": {"tile_elements": [4096, 8192, 16384]},
+    },
     "embedding": {
         "fwd": {"tile_bytes": [8192, 16384, 32768], "max_block_d": [512, 1024, 2048]},
         "bwd": {"rows": [2, 4, 8], "max_block_d": [512, 1024]},
@@ -117,6 +124,25 @@ def _cases(op: str, device, quick: bool) -> list:
             def step(v=v, q=q, w=w, g=g):
                 fusedops.attn_res(v, q, w).backward(g)
             out.append((f"N{n} B{b} T{t} D{d}", step))
+    elif op == "block_attn_res":
+        from fusedops.bench.block_attn_res import MERGE_CASES, MULTI_CASES
+
+        multi = [(4, 3, 16, 32)] if cpu else MULTI_CASES[:1] if quick else MULTI_CASES[::6]
+        for n, m, t, d in multi:
+            values, queries = rand(n, t, d, grad=True), rand(m, d, grad=True)
+            g, g_lse = rand(m, t, d), rand(m, t).float()
+
+            def step(values=values, queries=queries, g=g, g_lse=g_lse):
+                torch.autograd.backward(fusedops.attn_res_multi(values, queries), (g, g_lse))
+            out.append((f"multi N{n} M{m} T{t} D{d}", step))
+        merge = [(16, 32)] if cpu else MERGE_CASES[:1] if quick else MERGE_CASES
+        for t, d in merge:
+            o, p, a, q = rand(t, d, grad=True), rand(t, d, grad=True), rand(t, d, grad=True), rand(d, grad=True)
+            lse, g = rand(t).float().requires_grad_(), rand(t, d)
+
+            def step(o=o, lse=lse, p=p, a=a, q=q, g=g):
+                fusedops.attn_res_merge(o, lse, p, q, a)[0].backward(g)
+            out.append((f"merge T{t} D{d}", step))
     elif op == "embedding":
         from fusedops.bench.embedding import CASES
 

@@ -1,6 +1,7 @@
 """Launch plans of Block AttnRes's kernels: tile sizes, D splits and grids from a hardware Target and the
-problem shape. The CUDA forwards follow an H200 sweep (fusedops/bench/tune_block_attn_res.py, bench/NOTES.md);
-the backwards and the other targets are first guesses from the on-chip budgets."""
+problem shape, the measured choices read from plans.json. The CUDA forwards follow an H200 sweep
+(fusedops/bench/tune_block_attn_res.py, bench/NOTES.md); the backwards and the other targets are first
+guesses from the on-chip budgets."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ from dataclasses import dataclass
 
 import torch
 
+from fusedops.plans import on_reload, resolve
 from fusedops.registry import memoize
 from fusedops.targets import Target, size_hint
+
+OP = "block_attn_res"
 
 # attn_res_multi keeps [BLOCK_M, BLOCK_D] tiles on chip: the queries and the output accumulator in the
 # forward; queries, grad_out and the query-gradient tile in the backward (ACC bytes each).
@@ -19,21 +23,8 @@ MULTI_BWD_TILES = 3
 # and the gradients (backward), in ACC bytes each.
 MERGE_FWD_TILES = 5
 MERGE_BWD_TILES = 7
-# Largest CUDA tiles (elements) until a GPU sweep says otherwise: registers, not the budget, bound them.
-# sm_90 compiles (fusedops_tests/compile_sm90.py-style, no GPU run): 4 warps on 8K-element tiles use 255
-# registers, and the multi backward's three [BLOCK_M, BLOCK_D] tiles spill; so warps grow with the tile
-# (CUDA_ELEMENTS_PER_WARP elements per warp, up to 16) and the multi backward's tile is capped at 4K.
-CUDA_MULTI_TILE_ELEMENTS = 8192
-CUDA_MULTI_BWD_TILE_ELEMENTS = 4096
-CUDA_MERGE_TILE_ELEMENTS = 8192
-CUDA_MERGE_FWD_TILE = 4096
-CUDA_NUM_WARPS = 4
-CUDA_MAX_WARPS = 16
-CUDA_ELEMENTS_PER_WARP = 1024
-
-
-def cuda_warps(tile_elements: int) -> int:
-    return max(CUDA_NUM_WARPS, min(CUDA_MAX_WARPS, tile_elements // CUDA_ELEMENTS_PER_WARP))
+# Tile caps, warps and kernel variants come from plans.json (fusedops/plans.py); where each row came from:
+# bench/NOTES.md, "Block AttnRes".
 
 
 def next_pow2(n: int) -> int:
@@ -54,6 +45,24 @@ def prev_pow2(n: int) -> int:
     return 1 << (max(1, n).bit_length() - 1)
 
 
+def _row(kernel: str, target: Target) -> dict:
+    return resolve(OP, kernel, target, interpreted=target.interpreted)
+
+
+def _warps(params: dict, elements: int) -> int:
+    """num_warps, or one warp per elements_per_warp tile elements within [num_warps, max_warps]."""
+    if not params["elements_per_warp"]:
+        return params["num_warps"]
+    return max(params["num_warps"], min(params["max_warps"], elements // params["elements_per_warp"]))
+
+
+def _capped(largest: int, min_row: int, tile_elements: int, rows: int) -> int:
+    """The widest tile row the budget allows (`largest`), within tile_elements for `rows` rows (0: no cap)."""
+    if not tile_elements:
+        return largest
+    return max(min_row, min(largest, prev_pow2(max(1, tile_elements // rows))))
+
+
 @dataclass(frozen=True)
 class MultiPlan:
     block_m: int  # >= M queries on chip at once
@@ -62,7 +71,7 @@ class MultiPlan:
     splits: int  # programs sharing one token (each writes D_CHUNK features): decode
     d_chunk: int  # features per split, a multiple of block_d (of block_d2 in the tensor-core forward)
     grid: int  # programs launched: token programs x splits
-    num_warps: int = CUDA_NUM_WARPS
+    num_warps: int = 4
     block_t: int = 1  # tokens a step (the tensor-core forward)
     dot: bool = False  # the forward on tensor cores (attn_res_multi_fwd_dot_kernel)
     num_stages: int = 2
@@ -84,13 +93,10 @@ def multi_plan(target: Target, tokens: int, sources: int, queries: int, dim: int
     tiles = MULTI_BWD_TILES if backward else MULTI_FWD_TILES
     budget = max(1, target.onchip_bytes // (tiles * acc * block_m))
     min_row = max(1, target.row_align // elem_size)
-    largest = max(prev_pow2(budget), min_row)
-    cuda = target.vendor == "cuda" and not target.interpreted
-    if cuda:
-        elements = CUDA_MULTI_BWD_TILE_ELEMENTS if backward else CUDA_MULTI_TILE_ELEMENTS
-        largest = max(min_row, min(largest, prev_pow2(max(1, elements // block_m))))
+    row = _row("multi_bwd" if backward else "multi_fwd", target)
+    largest = _capped(max(prev_pow2(budget), min_row), min_row, row["tile_elements"], block_m)
     block_d = max(min(next_pow2(dim), largest), min_row)
-    warps = cuda_warps(block_m * block_d * (2 if backward else 1)) if cuda else CUDA_NUM_WARPS
+    warps = _warps(row, block_m * block_d)
     d_tiles = -(-dim // block_d)
     slots = target.vector_cores * target.resident
     if backward:
@@ -99,7 +105,7 @@ def multi_plan(target: Target, tokens: int, sources: int, queries: int, dim: int
         grid = torch.sym_min(target.grid_size(tokens, persistent=True), target.vector_cores)
         return MultiPlan(block_m, block_n, block_d, 1, d_tiles * block_d, grid, warps)
     hint = max(1, size_hint(tokens))
-    if dot and target.vendor == "cuda" and elem_size != 8:
+    if dot and row["dot"] and elem_size != 8:  # float64 never runs on tensor cores
         return _dot_plan(target, tokens, hint, sources, queries, dim, tile_t, tile_d)
     splits = max(1, min(d_tiles, slots // hint)) if hint < slots else 1
     per_split = -(-d_tiles // splits)
@@ -114,7 +120,7 @@ class MergePlan:
     block_t: int
     block_d: int
     grid: int
-    num_warps: int = CUDA_NUM_WARPS
+    num_warps: int = 4
 
 
 @memoize
@@ -126,54 +132,49 @@ def merge_plan(target: Target, tokens: int, dim: int, elem_size: int, *, backwar
     tiles = MERGE_BWD_TILES if backward else MERGE_FWD_TILES
     budget = max(1, target.onchip_bytes // (tiles * acc))
     min_row = max(1, target.row_align // elem_size)
-    largest = max(prev_pow2(budget), min_row)
     hint = max(1, size_hint(tokens))
-    cuda = target.vendor == "cuda" and not target.interpreted
-    if cuda and not backward:
-        # H200 sweep (bench/NOTES.md, Block AttnRes run 1): one row a step in 4096-wide tiles, 8 warps; 16
-        # warps where there are fewer rows than resident programs (1 token: 9.5 us against 46 with 8).
-        block_d = min(next_pow2(dim), CUDA_MERGE_FWD_TILE)
-        slots = target.vector_cores * target.resident
-        return MergePlan(1, block_d, target.grid_size(tokens, persistent=True),
-                         cuda_warps(4 * block_d) if hint < slots else min(8, cuda_warps(block_d)))
-    if cuda:
-        largest = max(min_row, min(largest, CUDA_MERGE_TILE_ELEMENTS))
+    slots = target.vector_cores * target.resident
+    row = _row("merge_bwd" if backward else "merge_fwd", target)
+    if not backward and row["one_row"]:
+        # One row a step in tiles of at most tile_d features; more warps where there are fewer rows than
+        # resident programs (a decode step).
+        block_d = min(next_pow2(dim), row["tile_d"])
+        few = dict(row, elements_per_warp=row["few_rows_elements_per_warp"])
+        warps = _warps(few, block_d) if hint < slots else min(row["many_rows_max_warps"], _warps(row, block_d))
+        return MergePlan(1, block_d, target.grid_size(tokens, persistent=True), warps)
+    largest = _capped(max(prev_pow2(budget), min_row), min_row, row["tile_elements"], 1)
     block_d = max(min(next_pow2(dim), largest), min_row)
     block_t = max(1, min(prev_pow2(max(1, largest // block_d)), next_pow2(hint)))
     if not target.interpreted:
-        slots = target.vector_cores * target.resident
         block_t = max(1, min(block_t, prev_pow2(max(1, hint // slots))))
     blocks = -(-tokens // block_t)
     grid = target.grid_size(blocks, persistent=True)
-    return MergePlan(block_t, block_d, grid, cuda_warps(block_t * block_d) if cuda else CUDA_NUM_WARPS)
+    return MergePlan(block_t, block_d, grid, _warps(row, block_t * block_d))
 
 
 # The tensor-core forward (attn_res_multi_fwd_dot_kernel). Its dots want >= 16 rows, columns and depth (tiles
-# are masked). Measured on the H200 (bench/NOTES.md, Block AttnRes run 1; bench/experiments/
-# multi_dot_variants.py) at N <= 16, M <= 32: 4 tokens a step, logit and output tiles 128 wide with >= 32
-# query slots, else 64 (8 tokens a step is faster at some shapes and 1.6x slower at others: a register
-# cliff). Deeper or wider blocks keep the measured tile sizes: at most DOT_ROWS logit rows (tokens x source
-# slots), DOT_ROW_ELEMENTS elements in a [rows, BLOCK_D] tile and DOT_OUT_ELEMENTS in the output tile.
+# are masked). Its row ("multi_dot") holds the measured tile sizes: tokens a step as `rows` logit rows (tokens x
+# source slots), logit and output tiles wide_tile_d wide with >= wide_queries query slots, else narrow_tile_d;
+# deeper or wider blocks keep at most row_elements elements in a [rows, BLOCK_D] tile and out_elements in the
+# output tile.
 DOT_MIN = 16
-DOT_ROWS = 64
-DOT_ROW_ELEMENTS = 8192
-DOT_OUT_ELEMENTS = 16384
 
 
 def _dot_plan(target: Target, tokens: int, hint: int, sources: int, queries: int, dim: int, block_t: int,
               block_d: int) -> MultiPlan:
+    row = _row("multi_dot", target)
     block_m = max(DOT_MIN, next_pow2(queries))
     block_n = pow2_at_least(sources, DOT_MIN)
     slots = target.vector_cores * target.resident
-    block_t = block_t or max(1, DOT_ROWS // block_n)
+    block_t = block_t or max(1, row["rows"] // block_n)
     rows = block_t * block_n
 
     def tile(wanted: int, cap: int) -> int:
         return max(DOT_MIN, min(next_pow2(dim), wanted, prev_pow2(max(1, cap))))
 
-    block_d = tile(block_d or (128 if block_m >= 32 else 64), DOT_ROW_ELEMENTS // rows)
-    block_d2 = tile(128 if block_m >= 32 else 64,
-                    min(DOT_OUT_ELEMENTS // (block_t * block_m), DOT_ROW_ELEMENTS // rows))
+    width = row["wide_tile_d"] if block_m >= row["wide_queries"] else row["narrow_tile_d"]
+    block_d = tile(block_d or width, row["row_elements"] // rows)
+    block_d2 = tile(width, min(row["out_elements"] // (block_t * block_m), row["row_elements"] // rows))
     d_tiles = -(-dim // block_d2)
     blocks = -(-hint // block_t)
     splits = max(1, min(d_tiles, slots // blocks)) if blocks < slots else 1
@@ -181,4 +182,8 @@ def _dot_plan(target: Target, tokens: int, hint: int, sources: int, queries: int
     splits = -(-d_tiles // per_split)
     token_programs = target.grid_size(-(-tokens // block_t), persistent=True)
     return MultiPlan(block_m, block_n, block_d, splits, per_split * block_d2, token_programs * splits,
-                     CUDA_NUM_WARPS, block_t, True, 2, block_d2)
+                     row["num_warps"], block_t, True, row["num_stages"], block_d2)
+
+
+on_reload(multi_plan.cache_clear)
+on_reload(merge_plan.cache_clear)
