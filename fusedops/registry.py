@@ -1,13 +1,14 @@
 """Registering fusedops ops with torch.library, once for every op.
 
-`fused_op` wraps `torch.library.triton_op` under the `fusedops::` namespace and remembers the
-implementation, so that `register_npu_kernels` can give each op an explicit PrivateUse1 ("npu")
-kernel when torch_npu is present. The op body itself picks the plan from the tensors' device type.
+`fused_op` declares an op from its body (a `torch.library.triton_op` under the `fusedops::` namespace), its
+fake kernel and its autograd formula, and remembers it, so that `register_npu_kernels` can give each op an
+explicit PrivateUse1 ("npu") kernel when torch_npu is present. The op body itself picks the plan from the
+tensors' device type.
 
-Eager calls skip the dispatcher where that is safe (`direct_call_ok`): the torch.ops path of a
-triton_op costs ~0.1-0.2 ms of host time per call (fill_defaults, redispatch, the autograd wrapper),
-more than a whole small kernel. The wrappers then run the same implementation through a plain
-torch.autograd.Function (`direct_autograd`); whatever traces (torch.compile, export, fake tensors,
+Calling the declared op (a `FusedOp`) skips the dispatcher where that is safe (`direct_call_ok`): the
+torch.ops path of a triton_op costs ~0.1-0.2 ms of host time per call (fill_defaults, redispatch, the
+autograd wrapper), more than a whole small kernel. The same implementation then runs through a plain
+torch.autograd.Function with the op's own formula; whatever traces (torch.compile, export, fake tensors,
 functorch transforms, tensor subclasses, modes) goes through torch.ops and sees the registered op.
 """
 
@@ -15,7 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Callable
+import inspect
+from typing import Callable, Optional
 
 import torch
 from torch.library import triton_op
@@ -26,18 +28,63 @@ from fusedops.plans import carry_overrides
 
 NAMESPACE = "fusedops"
 
-_IMPLS: dict[str, tuple[object, Callable]] = {}
+_IMPLS: dict[str, "FusedOp"] = {}
 _NPU_DONE: set[str] = set()  # ops whose npu kernel is registered
 _npu_enabled = False  # register_npu_kernels ran: ops defined later register theirs at definition
 
 
-def fused_op(name: str, mutates_args: tuple[str, ...] = ()) -> Callable[[Callable], object]:
-    """Decorator: define `fusedops::<name>` from a body that launches kernels through wrap_triton;
-    `mutates_args` names the arguments it writes in place (an inference-only op: no autograd)."""
+class FusedOp:
+    """One op, `torch.ops.fusedops.<name>`, declared once with `fused_op`. Calling it runs the op as an eager
+    caller wants it: the implementation straight away where that is safe (`direct_call_ok`; through a plain
+    torch.autograd.Function carrying the op's autograd formula where a gradient will be needed), else through
+    torch.ops, which is what tracing, fake tensors, functorch transforms, modes and tensor subclasses see.
+    Public wrappers and autograd formulas call ops this way, never torch.ops directly."""
 
-    def define(fn: Callable) -> object:
-        op = triton_op(f"{NAMESPACE}::{name}", fn, mutates_args=mutates_args)
-        _IMPLS[name] = (op, fn)
+    def __init__(self, name: str, body: Callable, run: Callable, fake: Callable, setup_context: Optional[Callable],
+                 backward: Optional[Callable], mutates_args: tuple[str, ...]):
+        self.name = name
+        self.op = triton_op(f"{NAMESPACE}::{name}", body, mutates_args=mutates_args)
+        self.op.register_fake(fake)
+        self.body, self.run = body, run
+        self.overload = getattr(getattr(torch.ops, NAMESPACE), name).default
+        params = list(inspect.signature(body).parameters)
+        self._mutated = tuple(params.index(arg) for arg in mutates_args)
+        self._function = None
+        if backward is not None:
+            setup_context, backward = carry_overrides(setup_context, backward)
+            self.op.register_autograd(backward, setup_context=setup_context)
+            self._function = _direct_function(name, run, setup_context, backward)
+
+    def __call__(self, *args):
+        if direct_call_ok(*args):
+            if self._function is not None:
+                return self._function.call(*args)
+            # No autograd formula (a backward op, an in-place op): torch.ops refuses a gradient, so must this.
+            if not _grad_needed(args):
+                result = call_direct(self.run, *args)
+                for i in self._mutated:  # announce the write as the dispatcher would (a saved view then fails)
+                    torch.autograd.graph.increment_version(args[i])
+                return result
+        return self.overload(*args)
+
+
+def fused_op(name: str, *, fake: Callable, run: Optional[Callable] = None, setup_context: Optional[Callable] = None,
+             backward: Optional[Callable] = None, mutates_args: tuple[str, ...] = ()) -> Callable[[Callable], FusedOp]:
+    """Decorator declaring `fusedops::<name>` from its body, the op's whole implementation: it validates its
+    arguments (ValueError naming the argument) and launches kernels through wrap_triton (or runs the reference).
+    The body's annotated signature is the op's schema, its docstring the op's. With it:
+      fake(*args): the same checks, then empty outputs of the right shapes and dtypes (tracing, meta tensors);
+      run(*args): the body without its checks, for eager calls whose wrapper has checked the arguments (default:
+        the body). It takes the op's arguments with the op's meaning: a caller may pass them in a normal form
+        (per-axis lists, a default filled in) only where the op reads that form the same way;
+      setup_context(ctx, args, output) and backward(ctx, *grads): the autograd formula, as
+        torch.library.register_autograd takes it; the backward calls the backward op (a FusedOp) for its
+        gradients. Without them the op has no gradient (a backward op, or an inference-only one).
+      mutates_args: the arguments the body writes in place (then no autograd formula)."""
+
+    def define(body: Callable) -> FusedOp:
+        op = FusedOp(name, body, run or body, fake, setup_context, backward, mutates_args)
+        _IMPLS[name] = op
         if _npu_enabled:
             _register_npu(name)
         return op
@@ -54,8 +101,8 @@ def op_names() -> list[str]:
 def _register_npu(name: str) -> None:
     if name in _NPU_DONE:
         return
-    op, fn = _IMPLS[name]
-    op.register_kernel("npu", fn)
+    fused = _IMPLS[name]
+    fused.op.register_kernel("npu", fused.body)
     _NPU_DONE.add(name)
 
 
@@ -89,15 +136,19 @@ def opaque_triton_ops():
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
-def direct_call_ok(*tensors) -> bool:
+def direct_call_ok(*args) -> bool:
     """Whether an eager call may run an op's implementation directly rather than through torch.ops:
     not tracing (torch.compile, export), no torch function or dispatch mode (fake tensors, make_fx,
-    FunctionalTensorMode), no functorch transform (vmap, grad), and every tensor a plain Tensor or
-    Parameter (no subclass). None entries are skipped. Always False with the direct calls off
+    FunctionalTensorMode), no functorch transform (vmap, grad), and every tensor among args a plain Tensor
+    or Parameter (no subclass); other arguments are not looked at. Always False with the direct calls off
     (fusedops.internals: FUSEDOPS_FAST_PATH=0, or an internal they need is missing)."""
     if not internals.DIRECT_CALLS or torch.compiler.is_compiling() or internals.modes_active():
         return False
-    return all(t is None or type(t) in _PLAIN_TENSORS for t in tensors)
+    return all(type(a) in _PLAIN_TENSORS for a in args if isinstance(a, torch.Tensor))
+
+
+def _grad_needed(args) -> bool:
+    return torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
 
 
 def call_direct(fn: Callable, *args):
@@ -107,44 +158,27 @@ def call_direct(fn: Callable, *args):
         return fn(*args)
 
 
-def register_autograd(op, backward: Callable, setup_context: Callable) -> None:
-    """op.register_autograd with the backward planned under the plan_override blocks of its forward
-    (fusedops.plans.carry_overrides)."""
-    setup_context, backward = carry_overrides(setup_context, backward)
-    op.register_autograd(backward, setup_context=setup_context)
+def _direct_function(name: str, run: Callable, setup_context: Callable, backward: Callable) -> type:
+    """A torch.autograd.Function running `run` with the op's setup_context and backward rule. Its `call` is
+    `apply` where autograd will need a graph, and the bare implementation where it will not (no tensor
+    argument requires grad, or grad mode is off): the Function machinery costs ~40 us of host time, a third
+    of a small eager call."""
 
-
-def direct_autograd(name: str, forward: Callable, setup_context: Callable, backward: Callable) -> type:
-    """A torch.autograd.Function running `forward` (an op's checked-args implementation) with the op's
-    own setup_context and backward rule. The backward rule decides again whether to call the backward
-    implementation directly (see `backward_direct_ok`). Its `call` is `apply` where autograd will need a
-    graph, and the bare implementation where it will not (no tensor argument requires grad, or grad
-    mode is off): the Function machinery costs ~40 us of host time, a third of a small eager call."""
-
-    setup_context, backward = carry_overrides(setup_context, backward)
-
-    def run(ctx, *args):
+    def forward(ctx, *args):
         # forward(ctx, ...) rather than a separate setup_context staticmethod: with the latter,
         # autograd.Function.apply binds the arguments through inspect.signature on every call.
-        output = call_direct(forward, *args)
+        output = call_direct(run, *args)
         setup_context(ctx, args, output)
         return output
 
     def call(*args):
-        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+        if _grad_needed(args):
             return cls.apply(*args)
-        return call_direct(forward, *args)
+        return call_direct(run, *args)
 
     cls = type(name, (torch.autograd.Function,),
-               {"forward": staticmethod(run), "backward": staticmethod(backward), "call": staticmethod(call)})
+               {"forward": staticmethod(forward), "backward": staticmethod(backward), "call": staticmethod(call)})
     return cls
-
-
-def backward_direct_ok(*tensors) -> bool:
-    """direct_call_ok for a backward rule: also requires grad mode off, so a double backward
-    (create_graph=True) goes through the backward op, which refuses it, instead of silently
-    returning gradients that carry no graph."""
-    return not torch.is_grad_enabled() and direct_call_ok(*tensors)
 
 
 def memoize(fn: Callable) -> Callable:

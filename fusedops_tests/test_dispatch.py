@@ -1,4 +1,4 @@
-"""The eager direct path (registry.direct_call_ok / direct_autograd) and the launch cache
+"""The eager direct path (registry.direct_call_ok / FusedOp) and the launch cache
 (fusedops.launch): they must give exactly what torch.ops gives, and step aside whenever PyTorch is
 tracing, faking, transforming or holding a tensor subclass."""
 
@@ -108,6 +108,26 @@ def test_direct_path_matches_torch_ops_bitwise(path, op):
     assert torch.equal(direct[0], via_ops[0])
     for a, b in zip(direct[1], via_ops[1]):
         assert torch.equal(a, b)
+
+
+def test_every_op_is_one_declaration_and_calls_go_through_it():
+    """Each registered op is a FusedOp (registry.fused_op: body, fake, autograd and eager routing in one
+    declaration), an op with a gradient has its direct autograd.Function, and no op module calls torch.ops
+    itself (the FusedOp picks the direct path or the dispatcher)."""
+    import pathlib
+
+    from fusedops import registry
+
+    differentiable = {"attn_res", "attn_res_with_lse", "attn_res_multi", "attn_res_merge", "embedding",
+                      "embedding_backward", "neighborhood_attention"}
+    for name in registry.op_names():
+        op = registry._IMPLS[name]
+        assert isinstance(op, registry.FusedOp) and op.overload is getattr(torch.ops.fusedops, name).default
+        assert (op._function is not None) == (name in differentiable), name
+    package = pathlib.Path(fusedops.__file__).parent
+    for path in package.glob("*/*.py"):
+        if path.parent.name != "bench":
+            assert "torch.ops.fusedops" not in path.read_text(), path
 
 
 def test_direct_call_ok_only_for_plain_eager_tensors():
@@ -297,8 +317,9 @@ off = internals.fast_path()
 assert off == {"direct calls": "FUSEDOPS_FAST_PATH=0", "cached launches": "FUSEDOPS_FAST_PATH=0"}, off
 values, query = torch.randn(3, 4, 6, requires_grad=True), torch.randn(6, requires_grad=True)
 assert not registry.direct_call_ok(values, query)
-calls, dispatched = [], torch.ops.fusedops.attn_res_with_lse
-torch.ops.fusedops.attn_res_with_lse = lambda *args: calls.append(1) or dispatched(*args)
+from fusedops.attn_res.op import attn_res_with_lse_op
+calls, dispatched = [], attn_res_with_lse_op.overload
+attn_res_with_lse_op.overload = lambda *args: calls.append(1) or dispatched(*args)
 fusedops.attn_res(values, query).sum().backward()
 assert calls == [1], calls  # through the dispatcher (the direct path never calls torch.ops)
 weight = torch.randn(10, 3, requires_grad=True)

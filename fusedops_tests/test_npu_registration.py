@@ -68,7 +68,7 @@ def test_register_npu_kernels_after_rename():
         # an op defined after registration registers its npu kernel when it is defined
         from fusedops.registry import fused_op
 
-        @fused_op("late_test_op")
+        @fused_op("late_test_op", fake=torch.empty_like)
         def late(x: torch.Tensor) -> torch.Tensor:
             return x.clone()
 

@@ -12,8 +12,7 @@ from fusedops.launch import launch
 from fusedops.plans import forced
 from fusedops.numerics import accumulate_dtype
 from fusedops.layout import sources_walk, unit_last_stride, walkable_sources
-from fusedops.registry import (backward_direct_ok, call_direct, direct_autograd, direct_call_ok, fused_op,
-                               register_autograd)
+from fusedops.registry import fused_op
 from fusedops.targets import Target, target_for
 from fusedops.validation import (
     check_bool,
@@ -266,23 +265,8 @@ def _run_backward(grad_out, values, query, norm_weight, eps, need_values, need_q
     )
 
 
-@fused_op("attn_res")
-def attn_res_op(values: Tensor, query: Tensor, norm_weight: Optional[Tensor], eps: float) -> Tensor:
-    """AttnRes depth mixing, out only. See `fusedops.attn_res` for shapes, dtypes and semantics.
-    Without the forward's lse its backward re-derives the softmax in a first pass over values;
-    `fusedops::attn_res_with_lse` (what `fusedops.attn_res` calls) saves lse and reads values once."""
-    check_args(values, query, norm_weight, eps)
+def _run_out(values: Tensor, query: Tensor, norm_weight: Optional[Tensor], eps: float) -> Tensor:
     return _run(values, query, norm_weight, eps)[0]
-
-
-@fused_op("attn_res_with_lse")
-def attn_res_with_lse_op(
-    values: Tensor, query: Tensor, norm_weight: Optional[Tensor], eps: float
-) -> tuple[Tensor, Tensor]:
-    """(out, lse): out as `fusedops::attn_res`, lse [*batch] fp32 the logsumexp over depth of the
-    logits (differentiable). Its backward makes one pass over values (out and lse are saved)."""
-    check_args(values, query, norm_weight, eps)
-    return _run(values, query, norm_weight, eps)
 
 
 def check_backward_args(values: Tensor, grad_out: Tensor, out: Optional[Tensor], lse: Optional[Tensor],
@@ -298,7 +282,19 @@ def check_backward_args(values: Tensor, grad_out: Tensor, out: Optional[Tensor],
     check_same_device([("values", values), ("grad_out", grad_out), ("out", out), ("lse", lse), ("grad_lse", grad_lse)])
 
 
-@fused_op("attn_res_backward")
+def _backward_fake(grad_out, values, query, norm_weight, eps, need_values, need_query, need_norm_weight, out=None,
+                   lse=None, grad_lse=None):
+    check_args(values, query, norm_weight, eps)
+    check_backward_args(values, grad_out, out, lse, grad_lse)
+    need_norm_weight = need_norm_weight and norm_weight is not None
+    return (
+        torch.empty_like(values, memory_format=torch.contiguous_format) if need_values else values.new_empty(0),
+        torch.empty_like(query) if need_query else query.new_empty(0),
+        torch.empty_like(norm_weight) if need_norm_weight else query.new_empty(0),
+    )
+
+
+@fused_op("attn_res_backward", fake=_backward_fake, run=_run_backward)
 def attn_res_backward_op(
     grad_out: Tensor,
     values: Tensor,
@@ -324,30 +320,14 @@ def attn_res_backward_op(
                          out, lse, grad_lse)
 
 
-@attn_res_op.register_fake
-def _(values, query, norm_weight, eps):
+def _fake(values, query, norm_weight, eps):
     check_args(values, query, norm_weight, eps)
     return values.new_empty(values.shape[1:])
 
 
-@attn_res_with_lse_op.register_fake
-def _(values, query, norm_weight, eps):
-    check_args(values, query, norm_weight, eps)
+def _fake_with_lse(values, query, norm_weight, eps):
     lse = values.new_empty(values.shape[1:-1], dtype=accumulate_dtype(values.dtype))
-    return values.new_empty(values.shape[1:]), lse
-
-
-@attn_res_backward_op.register_fake
-def _(grad_out, values, query, norm_weight, eps, need_values, need_query, need_norm_weight, out=None, lse=None,
-      grad_lse=None):
-    check_args(values, query, norm_weight, eps)
-    check_backward_args(values, grad_out, out, lse, grad_lse)
-    need_norm_weight = need_norm_weight and norm_weight is not None
-    return (
-        torch.empty_like(values, memory_format=torch.contiguous_format) if need_values else values.new_empty(0),
-        torch.empty_like(query) if need_query else query.new_empty(0),
-        torch.empty_like(norm_weight) if need_norm_weight else query.new_empty(0),
-    )
+    return _fake(values, query, norm_weight, eps), lse
 
 
 def _setup_context(ctx, inputs, output):
@@ -368,11 +348,8 @@ def _gradients(ctx, grad_out, values, query, norm_weight, out=None, lse=None, gr
     """The backward op's result as autograd wants it: None for the inputs that need no gradient."""
     need_values, need_query, need_weight = ctx.needs_input_grad[:3]
     need_weight = need_weight and norm_weight is not None
-    args = (grad_out, values, query, norm_weight, ctx.eps, need_values, need_query, need_weight, out, lse, grad_lse)
-    if backward_direct_ok(*args[:4], out, lse, grad_lse):
-        grads = call_direct(_run_backward, *args)
-    else:
-        grads = torch.ops.fusedops.attn_res_backward(*args)
+    grads = attn_res_backward_op(grad_out, values, query, norm_weight, ctx.eps, need_values, need_query, need_weight,
+                                 out, lse, grad_lse)
     return tuple(g if need else None for g, need in zip(grads, (need_values, need_query, need_weight))) + (None,)
 
 
@@ -387,9 +364,24 @@ def _backward_rule_with_lse(ctx, grad_out, grad_lse):
     return _gradients(ctx, grad_out, values, query, norm_weight, out, lse, grad_lse)
 
 
-register_autograd(attn_res_op, _backward_rule, setup_context=_setup_context)
-register_autograd(attn_res_with_lse_op, _backward_rule_with_lse, setup_context=_setup_context_with_lse)
-_Direct = direct_autograd("AttnRes", _run, _setup_context_with_lse, _backward_rule_with_lse)
+@fused_op("attn_res", fake=_fake, run=_run_out, setup_context=_setup_context, backward=_backward_rule)
+def attn_res_op(values: Tensor, query: Tensor, norm_weight: Optional[Tensor], eps: float) -> Tensor:
+    """AttnRes depth mixing, out only. See `fusedops.attn_res` for shapes, dtypes and semantics.
+    Without the forward's lse its backward re-derives the softmax in a first pass over values;
+    `fusedops::attn_res_with_lse` (what `fusedops.attn_res` calls) saves lse and reads values once."""
+    check_args(values, query, norm_weight, eps)
+    return _run_out(values, query, norm_weight, eps)
+
+
+@fused_op("attn_res_with_lse", fake=_fake_with_lse, run=_run, setup_context=_setup_context_with_lse,
+          backward=_backward_rule_with_lse)
+def attn_res_with_lse_op(
+    values: Tensor, query: Tensor, norm_weight: Optional[Tensor], eps: float
+) -> tuple[Tensor, Tensor]:
+    """(out, lse): out as `fusedops::attn_res`, lse [*batch] fp32 the logsumexp over depth of the
+    logits (differentiable). Its backward makes one pass over values (out and lse are saved)."""
+    check_args(values, query, norm_weight, eps)
+    return _run(values, query, norm_weight, eps)
 
 
 def attn_res(
@@ -441,8 +433,5 @@ def attn_res(
         values = stack_sources("values", values)
     if checks_in_wrapper():
         check_args(values, query, norm_weight, eps)
-    if direct_call_ok(values, query, norm_weight):
-        out, lse = _Direct.call(values, query, norm_weight, eps)
-    else:
-        out, lse = torch.ops.fusedops.attn_res_with_lse(values, query, norm_weight, eps)
+    out, lse = attn_res_with_lse_op(values, query, norm_weight, eps)
     return (out, lse) if return_lse else out

@@ -11,8 +11,7 @@ from torch import Tensor
 from fusedops.launch import launch
 from fusedops.layout import collapse_dims, sources_walk, unit_last_stride, walkable_sources
 from fusedops.numerics import accumulate_dtype
-from fusedops.registry import (backward_direct_ok, call_direct, direct_autograd, direct_call_ok, fused_op,
-                               register_autograd)
+from fusedops.registry import fused_op
 from fusedops.targets import Target, target_for
 from fusedops.validation import (
     check_float,
@@ -137,15 +136,14 @@ def _multi_run_backward(grad_out, grad_lse, values, queries, eps, need_values, n
     return _multi_backward(grad_out, grad_lse, values, queries, eps, need_values, need_queries, target)
 
 
-@fused_op("attn_res_multi")
-def attn_res_multi_op(values: Tensor, queries: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-    """Phase 1 of Block AttnRes: (out [M, *batch, D] in values' dtype, lse [M, *batch] float32, float64 for
-    float64 values). See `fusedops.attn_res_multi`."""
+def _multi_backward_fake(grad_out, grad_lse, values, queries, eps, need_values, need_queries):
     check_multi_args(values, queries, eps)
-    return _multi_run(values, queries, eps)
+    check_multi_backward_args(values, queries, grad_out, grad_lse)
+    return (torch.empty_like(values, memory_format=torch.contiguous_format) if need_values else values.new_empty(0),
+            torch.empty_like(queries) if need_queries else queries.new_empty(0))
 
 
-@fused_op("attn_res_multi_backward")
+@fused_op("attn_res_multi_backward", fake=_multi_backward_fake, run=_multi_run_backward)
 def attn_res_multi_backward_op(
     grad_out: Optional[Tensor], grad_lse: Optional[Tensor], values: Tensor, queries: Tensor, eps: float,
     need_values: bool, need_queries: bool,
@@ -159,20 +157,11 @@ def attn_res_multi_backward_op(
     return _multi_run_backward(grad_out, grad_lse, values, queries, eps, need_values, need_queries)
 
 
-@attn_res_multi_op.register_fake
-def _(values, queries, eps):
+def _multi_fake(values, queries, eps):
     check_multi_args(values, queries, eps)
     m = queries.shape[0]
     return (values.new_empty((m, *values.shape[1:])),
             values.new_empty((m, *values.shape[1:-1]), dtype=accumulate_dtype(values.dtype)))
-
-
-@attn_res_multi_backward_op.register_fake
-def _(grad_out, grad_lse, values, queries, eps, need_values, need_queries):
-    check_multi_args(values, queries, eps)
-    check_multi_backward_args(values, queries, grad_out, grad_lse)
-    return (torch.empty_like(values, memory_format=torch.contiguous_format) if need_values else values.new_empty(0),
-            torch.empty_like(queries) if need_queries else queries.new_empty(0))
 
 
 def _multi_setup_context(ctx, inputs, output):
@@ -185,16 +174,17 @@ def _multi_setup_context(ctx, inputs, output):
 def _multi_backward_rule(ctx, grad_out, grad_lse):
     values, queries = ctx.saved_tensors
     need_values, need_queries = ctx.needs_input_grad[:2]
-    args = (grad_out, grad_lse, values, queries, ctx.eps, need_values, need_queries)
-    if backward_direct_ok(grad_out, grad_lse, values, queries):
-        grads = call_direct(_multi_run_backward, *args)
-    else:
-        grads = torch.ops.fusedops.attn_res_multi_backward(*args)
+    grads = attn_res_multi_backward_op(grad_out, grad_lse, values, queries, ctx.eps, need_values, need_queries)
     return (grads[0] if need_values else None, grads[1] if need_queries else None, None)
 
 
-register_autograd(attn_res_multi_op, _multi_backward_rule, setup_context=_multi_setup_context)
-_DirectMulti = direct_autograd("AttnResMulti", _multi_run, _multi_setup_context, _multi_backward_rule)
+@fused_op("attn_res_multi", fake=_multi_fake, run=_multi_run, setup_context=_multi_setup_context,
+          backward=_multi_backward_rule)
+def attn_res_multi_op(values: Tensor, queries: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """Phase 1 of Block AttnRes: (out [M, *batch, D] in values' dtype, lse [M, *batch] float32, float64 for
+    float64 values). See `fusedops.attn_res_multi`."""
+    check_multi_args(values, queries, eps)
+    return _multi_run(values, queries, eps)
 
 
 def attn_res_multi(values, queries: Tensor, eps: float = 1e-6) -> tuple[Tensor, Tensor]:
@@ -225,9 +215,7 @@ def attn_res_multi(values, queries: Tensor, eps: float = 1e-6) -> tuple[Tensor, 
     values = stack_sources("values", values)
     if checks_in_wrapper():
         check_multi_args(values, queries, eps)
-    if direct_call_ok(values, queries):
-        return _DirectMulti.call(values, queries, eps)
-    return torch.ops.fusedops.attn_res_multi(values, queries, eps)
+    return attn_res_multi_op(values, queries, eps)
 
 
 # ---- attn_res_merge ---------------------------------------------------------------------------------------
@@ -368,18 +356,20 @@ def _merge_run_backward(grad_h, grad_partial, out, lse, partial, query, gain, ep
             d_g.to(gain.dtype) if need_gain else query.new_empty(0))
 
 
-@fused_op("attn_res_merge")
-def attn_res_merge_op(out: Tensor, lse: Tensor, partial: Tensor, query: Tensor, addend: Optional[Tensor],
-                      addend2: Optional[Tensor], gain: Optional[Tensor], eps: float,
-                      norm_eps: float) -> tuple[Tensor, Tensor]:
-    """Phase 2 of Block AttnRes: (h, or rmsnorm(h) * gain, [*batch, D] in out's dtype; the updated partial
-    sum partial + addend + addend2 [*batch, D], or an empty tensor without addends). See
-    `fusedops.attn_res_merge`."""
-    check_merge_args(out, lse, partial, query, addend, addend2, gain, eps, norm_eps)
-    return _merge_run(out, lse, partial, query, addend, addend2, gain, eps, norm_eps)
+def _merge_backward_fake(grad_h, grad_partial, out, lse, partial, query, gain, eps, norm_eps, need_out, need_lse,
+                         need_partial, need_query, need_gain):
+    check_merge_args(out, lse, partial, query, None, None, gain, eps, norm_eps)
+    check_merge_backward_args(grad_h, grad_partial, out)
+    need_gain = need_gain and gain is not None
+    c = torch.contiguous_format
+    return (torch.empty_like(out, memory_format=c) if need_out else out.new_empty(0),
+            torch.empty_like(lse, memory_format=c) if need_lse else lse.new_empty(0),
+            torch.empty_like(partial, memory_format=c) if need_partial else partial.new_empty(0),
+            torch.empty_like(query) if need_query else query.new_empty(0),
+            torch.empty_like(gain) if need_gain else query.new_empty(0))
 
 
-@fused_op("attn_res_merge_backward")
+@fused_op("attn_res_merge_backward", fake=_merge_backward_fake, run=_merge_run_backward)
 def attn_res_merge_backward_op(
     grad_h: Tensor, grad_partial: Optional[Tensor], out: Tensor, lse: Tensor, partial: Tensor, query: Tensor,
     gain: Optional[Tensor], eps: float, norm_eps: float, need_out: bool, need_lse: bool, need_partial: bool,
@@ -395,26 +385,11 @@ def attn_res_merge_backward_op(
                                need_lse, need_partial, need_query, need_gain)
 
 
-@attn_res_merge_op.register_fake
-def _(out, lse, partial, query, addend, addend2, gain, eps, norm_eps):
+def _merge_fake(out, lse, partial, query, addend, addend2, gain, eps, norm_eps):
     check_merge_args(out, lse, partial, query, addend, addend2, gain, eps, norm_eps)
     has_add = addend is not None or addend2 is not None
     return torch.empty_like(out, memory_format=torch.contiguous_format), (
         torch.empty_like(partial, memory_format=torch.contiguous_format) if has_add else partial.new_empty(0))
-
-
-@attn_res_merge_backward_op.register_fake
-def _(grad_h, grad_partial, out, lse, partial, query, gain, eps, norm_eps, need_out, need_lse, need_partial,
-      need_query, need_gain):
-    check_merge_args(out, lse, partial, query, None, None, gain, eps, norm_eps)
-    check_merge_backward_args(grad_h, grad_partial, out)
-    need_gain = need_gain and gain is not None
-    c = torch.contiguous_format
-    return (torch.empty_like(out, memory_format=c) if need_out else out.new_empty(0),
-            torch.empty_like(lse, memory_format=c) if need_lse else lse.new_empty(0),
-            torch.empty_like(partial, memory_format=c) if need_partial else partial.new_empty(0),
-            torch.empty_like(query) if need_query else query.new_empty(0),
-            torch.empty_like(gain) if need_gain else query.new_empty(0))
 
 
 def _merge_setup_context(ctx, inputs, output):
@@ -434,19 +409,24 @@ def _merge_backward_rule(ctx, grad_h, grad_partial):
         grad_h = torch.zeros_like(out)
     if not ctx.has_add:
         grad_partial = None  # the op's second output is empty without addends
-    args = (grad_h, grad_partial, out, lse, p, query, gain, ctx.eps, ctx.norm_eps, need_out, need_lse, need_p,
-            need_query, need_gain and gain is not None)
-    if backward_direct_ok(grad_h, grad_partial, out, lse, p, query, gain):
-        d_out, d_lse, d_p, d_q, d_g = call_direct(_merge_run_backward, *args)
-    else:
-        d_out, d_lse, d_p, d_q, d_g = torch.ops.fusedops.attn_res_merge_backward(*args)
+    d_out, d_lse, d_p, d_q, d_g = attn_res_merge_backward_op(
+        grad_h, grad_partial, out, lse, p, query, gain, ctx.eps, ctx.norm_eps, need_out, need_lse, need_p, need_query,
+        need_gain and gain is not None)
     return (d_out if need_out else None, d_lse if need_lse else None, d_p if need[2] else None,
             d_q if need_query else None, d_p if need[4] else None, d_p if need[5] else None,
             d_g if need_gain and gain is not None else None, None, None)
 
 
-register_autograd(attn_res_merge_op, _merge_backward_rule, setup_context=_merge_setup_context)
-_DirectMerge = direct_autograd("AttnResMerge", _merge_run, _merge_setup_context, _merge_backward_rule)
+@fused_op("attn_res_merge", fake=_merge_fake, run=_merge_run, setup_context=_merge_setup_context,
+          backward=_merge_backward_rule)
+def attn_res_merge_op(out: Tensor, lse: Tensor, partial: Tensor, query: Tensor, addend: Optional[Tensor],
+                      addend2: Optional[Tensor], gain: Optional[Tensor], eps: float,
+                      norm_eps: float) -> tuple[Tensor, Tensor]:
+    """Phase 2 of Block AttnRes: (h, or rmsnorm(h) * gain, [*batch, D] in out's dtype; the updated partial
+    sum partial + addend + addend2 [*batch, D], or an empty tensor without addends). See
+    `fusedops.attn_res_merge`."""
+    check_merge_args(out, lse, partial, query, addend, addend2, gain, eps, norm_eps)
+    return _merge_run(out, lse, partial, query, addend, addend2, gain, eps, norm_eps)
 
 
 def _may_overlap(a: Tensor, b: Tensor) -> bool:
@@ -500,14 +480,14 @@ def _merge_into(out: Tensor, lse: Tensor, partial: Tensor, query: Tensor, addend
                           partial_out=partial_out)[0]
 
 
-attn_res_merge_into_op = fused_op("attn_res_merge_into", mutates_args=("partial_out",))(_merge_into)
-
-
-@attn_res_merge_into_op.register_fake
-def _(out, lse, partial, query, addend, addend2, gain, eps, norm_eps, partial_out):
+def _merge_into_fake(out, lse, partial, query, addend, addend2, gain, eps, norm_eps, partial_out):
     check_merge_args(out, lse, partial, query, addend, addend2, gain, eps, norm_eps)
     check_partial_out(partial_out, partial, (), False)
     return torch.empty_like(out, memory_format=torch.contiguous_format)
+
+
+attn_res_merge_into_op = fused_op("attn_res_merge_into", fake=_merge_into_fake,
+                                  mutates_args=("partial_out",))(_merge_into)
 
 
 def attn_res_merge(out: Tensor, lse: Tensor, partial: Tensor, query: Tensor,
@@ -558,23 +538,16 @@ def attn_res_merge(out: Tensor, lse: Tensor, partial: Tensor, query: Tensor,
     args = (out, lse, partial, query, addend, addend2, gain, eps, norm_eps)
     if checks_in_wrapper():
         check_merge_args(*args)
-    tensors = (out, lse, partial, query, addend, addend2, gain)
     if partial_out is not None:
+        tensors = (out, lse, partial, query, addend, addend2, gain)
         if not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)):
-            if direct_call_ok(*tensors, partial_out):
-                # no dispatcher: its host time is as long as a 2048-token merge on the GPU (a block makes 24);
-                # the write is announced as the dispatcher would (a saved view of it then fails loudly)
-                h = call_direct(_merge_into, *args, partial_out)
-                torch.autograd.graph.increment_version(partial_out)
-                return h, partial_out
-            return torch.ops.fusedops.attn_res_merge_into(*args, partial_out), partial_out
+            # no dispatcher on the eager path: its host time is as long as a 2048-token merge on the GPU (a block
+            # makes 24)
+            return attn_res_merge_into_op(*args, partial_out), partial_out
         h, p_new = attn_res_merge(out, lse, partial, query, addends, gain, eps, norm_eps)
         partial_out.copy_(p_new)
         return h, partial_out
-    if direct_call_ok(*tensors):
-        h, p_new = _DirectMerge.call(*args)
-    else:
-        h, p_new = torch.ops.fusedops.attn_res_merge(*args)
+    h, p_new = attn_res_merge_op(*args)
     return h, (p_new if addend is not None else partial)
 
 

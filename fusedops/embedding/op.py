@@ -10,8 +10,7 @@ from torch import Tensor
 from fusedops import internals
 from fusedops.launch import launch
 from fusedops.numerics import accumulate_dtype
-from fusedops.registry import (backward_direct_ok, call_direct, direct_autograd, direct_call_ok, fused_op,
-                               register_autograd)
+from fusedops.registry import fused_op
 from fusedops.targets import Target, target_for
 from fusedops.validation import as_int, check_float
 
@@ -186,37 +185,25 @@ def _backward(
 def _run_checked(
     weight: Tensor, indices: Tensor, padding_idx: Optional[int], scale_grad_by_freq: bool = False
 ) -> Tensor:
-    """The op on checked arguments, CPU indices bounds-checked here. scale_grad_by_freq only matters
-    to the backward."""
+    """The op on checked arguments, CPU indices bounds-checked here: kernels under the device's plan, or
+    the reference. scale_grad_by_freq only matters to the backward."""
     check_cpu_indices(indices, weight.shape[0])
-    return _run(weight, indices, padding_idx)
-
-
-def _run(weight: Tensor, indices: Tensor, padding_idx: Optional[int]) -> Tensor:
-    """Kernels under the device's plan, or the reference."""
     target = target_for(weight.device, weight.dtype)
     if target is None:
         return reference.embedding(weight, indices, normalize_padding_idx(padding_idx, weight.shape[0]))
     return _forward(weight, indices, target)
 
 
-def _run_backward(grad_out, indices, num_weights, pad, scale_grad_by_freq):
+def _run_backward(grad_out, indices, num_weights, padding_idx, scale_grad_by_freq):
+    """The backward op on checked arguments."""
+    pad = normalize_padding_idx(padding_idx, num_weights)
     target = target_for(grad_out.device, grad_out.dtype)
     if target is None:
         return reference.embedding_backward(grad_out, indices, num_weights, pad, scale_grad_by_freq)
     return _backward(grad_out, indices, num_weights, pad, scale_grad_by_freq, target)
 
 
-@fused_op("embedding")
-def embedding_op(weight: Tensor, indices: Tensor, padding_idx: Optional[int], scale_grad_by_freq: bool) -> Tensor:
-    """Row gather out = weight[indices]. See `fusedops.embedding` for shapes and semantics. An
-    out-of-range index raises IndexError on CPU tensors (RuntimeError from the in-graph assert when
-    traced) and fails a device-side assert in the kernel on a GPU."""
-    check_args(weight, indices, padding_idx)
-    return _run_checked(weight, indices, padding_idx)
-
-
-def check_backward_args(grad_out: Tensor, indices: Tensor, num_weights: int, padding_idx: Optional[int]) -> int:
+def check_backward_args(grad_out: Tensor, indices: Tensor, num_weights: int, padding_idx: Optional[int]) -> None:
     check_float("grad_out", grad_out)
     check_indices(indices)
     if grad_out.dim() != indices.dim() + 1 or grad_out.shape[:-1] != indices.shape:
@@ -228,57 +215,12 @@ def check_backward_args(grad_out: Tensor, indices: Tensor, num_weights: int, pad
         raise ValueError(f"indices is on {indices.device} but grad_out is on {grad_out.device}")
     if num_weights < 0:
         raise ValueError(f"num_weights must be >= 0, got {num_weights}")
-    return normalize_padding_idx(padding_idx, num_weights)
+    normalize_padding_idx(padding_idx, num_weights)  # raises naming it
 
 
-@fused_op("embedding_backward")
-def embedding_backward_op(
-    grad_out: Tensor, indices: Tensor, num_weights: int, padding_idx: Optional[int], scale_grad_by_freq: bool
-) -> Tensor:
-    """The weight gradient of embedding, [num_weights, D] in grad_out's dtype. Deterministic: a
-    stable sort of the indices, then one launch sums each run of equal indices in fp32 in token order
-    and stores its row, and stores zeros to the rows no index names: every row written exactly once,
-    no atomics. An index outside [0, num_weights) is refused as by the forward op."""
-    pad = check_backward_args(grad_out, indices, num_weights, padding_idx)
-    check_cpu_indices(indices, num_weights)
-    return _run_backward(grad_out, indices, num_weights, pad, scale_grad_by_freq)
-
-
-@embedding_op.register_fake
-def _(weight, indices, padding_idx, scale_grad_by_freq):
-    check_args(weight, indices, padding_idx)
-    return weight.new_empty((*indices.shape, weight.shape[1]))
-
-
-@embedding_backward_op.register_fake
-def _(grad_out, indices, num_weights, padding_idx, scale_grad_by_freq):
+def _backward_fake(grad_out, indices, num_weights, padding_idx, scale_grad_by_freq):
     check_backward_args(grad_out, indices, num_weights, padding_idx)
     return grad_out.new_empty((num_weights, grad_out.shape[-1]))
-
-
-def _setup_context(ctx, inputs, output):
-    weight, indices, padding_idx, scale_grad_by_freq = inputs
-    ctx.save_for_backward(indices)
-    ctx.num_weights = weight.shape[0]
-    ctx.padding_idx = padding_idx
-    ctx.scale_grad_by_freq = scale_grad_by_freq
-
-
-def _backward_rule(ctx, grad_out):
-    (indices,) = ctx.saved_tensors
-    grad_weight = None
-    if ctx.needs_input_grad[0] and backward_direct_ok(grad_out, indices):
-        # Autograd hands grad_out with out's shape, dtype and device: only padding_idx needs normalising.
-        pad = normalize_padding_idx(ctx.padding_idx, ctx.num_weights)
-        grad_weight = call_direct(_run_backward, grad_out, indices, ctx.num_weights, pad, ctx.scale_grad_by_freq)
-    elif ctx.needs_input_grad[0]:
-        grad_weight = torch.ops.fusedops.embedding_backward(
-            grad_out, indices, ctx.num_weights, ctx.padding_idx, ctx.scale_grad_by_freq
-        )
-    return grad_weight, None, None, None
-
-
-register_autograd(embedding_op, _backward_rule, setup_context=_setup_context)
 
 
 def _setup_backward_context(ctx, inputs, output):
@@ -297,22 +239,60 @@ def _double_backward_rule(ctx, grad_grad_weight):
         return None, None, None, None, None
     (indices,) = ctx.saved_tensors
     gg = grad_grad_weight if grad_grad_weight.stride(-1) == 1 else grad_grad_weight.contiguous()
-    grad = torch.ops.fusedops.embedding(gg, indices, None, False)
+    grad = embedding_op(gg, indices, None, False)
     pad = normalize_padding_idx(ctx.padding_idx, ctx.num_weights)
     if pad >= 0:
         grad = grad * (indices != pad).unsqueeze(-1).to(grad.dtype)
     if ctx.scale_grad_by_freq:
         ones = torch.ones((*indices.shape, 1), dtype=torch.float32, device=indices.device)
-        counts = torch.ops.fusedops.embedding_backward(ones, indices, ctx.num_weights, None, False)
-        per_token = torch.ops.fusedops.embedding(counts, indices, None, False).clamp_min(1)
+        counts = embedding_backward_op(ones, indices, ctx.num_weights, None, False)
+        per_token = embedding_op(counts, indices, None, False).clamp_min(1)
         grad = (grad.to(accumulate_dtype(grad.dtype)) / per_token).to(grad.dtype)
     return grad, None, None, None, None
 
 
-register_autograd(embedding_backward_op, _double_backward_rule, setup_context=_setup_backward_context)
+@fused_op("embedding_backward", fake=_backward_fake, run=_run_backward, setup_context=_setup_backward_context,
+          backward=_double_backward_rule)
+def embedding_backward_op(
+    grad_out: Tensor, indices: Tensor, num_weights: int, padding_idx: Optional[int], scale_grad_by_freq: bool
+) -> Tensor:
+    """The weight gradient of embedding, [num_weights, D] in grad_out's dtype. Deterministic: a
+    stable sort of the indices, then one launch sums each run of equal indices in fp32 in token order
+    and stores its row, and stores zeros to the rows no index names: every row written exactly once,
+    no atomics. An index outside [0, num_weights) is refused as by the forward op."""
+    check_backward_args(grad_out, indices, num_weights, padding_idx)
+    check_cpu_indices(indices, num_weights)
+    return _run_backward(grad_out, indices, num_weights, padding_idx, scale_grad_by_freq)
 
 
-_Direct = direct_autograd("Embedding", _run_checked, _setup_context, _backward_rule)
+def _fake(weight, indices, padding_idx, scale_grad_by_freq):
+    check_args(weight, indices, padding_idx)
+    return weight.new_empty((*indices.shape, weight.shape[1]))
+
+
+def _setup_context(ctx, inputs, output):
+    weight, indices, padding_idx, scale_grad_by_freq = inputs
+    ctx.save_for_backward(indices)
+    ctx.num_weights = weight.shape[0]
+    ctx.padding_idx = padding_idx
+    ctx.scale_grad_by_freq = scale_grad_by_freq
+
+
+def _backward_rule(ctx, grad_out):
+    if not ctx.needs_input_grad[0]:
+        return None, None, None, None
+    (indices,) = ctx.saved_tensors
+    grad_weight = embedding_backward_op(grad_out, indices, ctx.num_weights, ctx.padding_idx, ctx.scale_grad_by_freq)
+    return grad_weight, None, None, None
+
+
+@fused_op("embedding", fake=_fake, run=_run_checked, setup_context=_setup_context, backward=_backward_rule)
+def embedding_op(weight: Tensor, indices: Tensor, padding_idx: Optional[int], scale_grad_by_freq: bool) -> Tensor:
+    """Row gather out = weight[indices]. See `fusedops.embedding` for shapes and semantics. An
+    out-of-range index raises IndexError on CPU tensors (RuntimeError from the in-graph assert when
+    traced) and fails a device-side assert in the kernel on a GPU."""
+    check_args(weight, indices, padding_idx)
+    return _run_checked(weight, indices, padding_idx)
 
 
 def embedding(
@@ -366,6 +346,4 @@ def embedding(
     check_args(weight, indices, padding_idx)
     if check_bounds == "host" and indices.device.type not in ("cpu", "meta") and not torch.compiler.is_compiling():
         raise_if_out_of_range(indices, weight.shape[0])
-    if direct_call_ok(weight, indices):
-        return _Direct.call(weight, indices, padding_idx, scale_grad_by_freq)
-    return torch.ops.fusedops.embedding(weight, indices, padding_idx, scale_grad_by_freq)
+    return embedding_op(weight, indices, padding_idx, scale_grad_by_freq)

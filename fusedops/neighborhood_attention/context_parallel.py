@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .op import check_window_args, neighborhood_attention
+from .op import check_window_args, neighborhood_attention, neighborhood_attention_backward_op
 
 
 def axis_halo(kernel: int, dilation: int, stride: int, causal: bool, window: str) -> tuple[int, int]:
@@ -133,7 +133,7 @@ class _ContextParallel(torch.autograd.Function):
         start, end, lo, _ = ranges[rank]
         if grad_out is None:
             grad_out = torch.zeros_like(out)
-        dq, dk_ext, dv_ext = torch.ops.fusedops.neighborhood_attention_backward(
+        dq, dk_ext, dv_ext = neighborhood_attention_backward_op(
             grad_out, grad_lse, q, k_ext, v_ext, out, lse, *ctx.window_args, ctx.offset)
         dk, dv = (g.narrow(dim, start - lo, end - start).clone(memory_format=torch.contiguous_format)
                   for g in (dk_ext, dv_ext))

@@ -12,8 +12,7 @@ from fusedops.launch import launch
 from fusedops.plans import forced_key, on_reload
 from fusedops.layout import unit_last_stride
 from fusedops.numerics import accumulate_dtype, tf32_allowed
-from fusedops.registry import (backward_direct_ok, call_direct, direct_autograd, direct_call_ok, fused_op, memoize,
-                               register_autograd)
+from fusedops.registry import fused_op, memoize
 from fusedops.targets import Target, size_hint, target_for
 from fusedops.validation import (
     FP32,
@@ -368,8 +367,15 @@ def _backward(grad_out, grad_lse, q, k, v, out, lse, ks, dil, st, causal, scale,
     return dq, dk, dv
 
 
+def _defaults(q, scale, offset):
+    """The op's defaults of scale and query_offset (None): D ** -0.5 and zeros."""
+    return q.shape[-1] ** -0.5 if scale is None else scale, [0] * (q.dim() - 3) if offset is None else offset
+
+
 def _run(q, k, v, ks, dil, st, causal, scale, window, offset) -> tuple[Tensor, Tensor]:
-    """The op on checked, normalised arguments: kernels under the device's plan, or the reference."""
+    """The op on checked arguments, the window's per axis (scale and offset may be None, the defaults):
+    kernels under the device's plan, or the reference."""
+    scale, offset = _defaults(q, scale, offset)
     target = target_for(q.device, q.dtype)
     if target is None:
         return reference.neighborhood_attention(q, k, v, ks, dil, st, causal, scale, window, offset)
@@ -377,23 +383,13 @@ def _run(q, k, v, ks, dil, st, causal, scale, window, offset) -> tuple[Tensor, T
 
 
 def _run_backward(grad_out, grad_lse, q, k, v, out, lse, ks, dil, st, causal, scale, window, offset):
+    scale, offset = _defaults(q, scale, offset)
     target = target_for(q.device, q.dtype)
     if target is None:
         return reference.neighborhood_attention_backward(
             grad_out, grad_lse, q, k, v, out, lse, ks, dil, st, causal, scale, window, offset
         )
     return _backward(grad_out, grad_lse, q, k, v, out, lse, ks, dil, st, causal, scale, window, offset, target)
-
-
-@fused_op("neighborhood_attention")
-def neighborhood_attention_op(
-    q: Tensor, k: Tensor, v: Tensor, kernel_size: Sequence[int], dilation: Sequence[int], stride: Sequence[int],
-    is_causal: Sequence[bool], scale: Optional[float], window: str, query_offset: Optional[Sequence[int]] = None,
-) -> tuple[Tensor, Tensor]:
-    """Neighborhood attention; returns (out, lse). See `fusedops.neighborhood_attention`."""
-    *window_args, offset = check_args(q, k, v, kernel_size, dilation, stride, is_causal, scale, window, query_offset)
-    ks, dil, st, causal, scale = window_args
-    return _run(q, k, v, ks, dil, st, causal, scale, window, offset)
 
 
 def _check_backward(grad_out, grad_lse, q, v, out, lse):
@@ -407,7 +403,18 @@ def _check_backward(grad_out, grad_lse, q, v, out, lse):
     check_same_device([("q", q), ("grad_out", grad_out), ("out", out), ("lse", lse), ("grad_lse", grad_lse)])
 
 
-@fused_op("neighborhood_attention_backward")
+def _backward_fake(grad_out, grad_lse, q, k, v, out, lse, kernel_size, dilation, stride, is_causal, scale, window,
+                   query_offset=None):
+    check_args(q, k, v, kernel_size, dilation, stride, is_causal, scale, window, query_offset)
+    _check_backward(grad_out, grad_lse, q, v, out, lse)
+    return (
+        torch.empty(q.shape, dtype=q.dtype, device=q.device),
+        torch.empty(k.shape, dtype=k.dtype, device=k.device),
+        torch.empty(v.shape, dtype=v.dtype, device=v.device),
+    )
+
+
+@fused_op("neighborhood_attention_backward", fake=_backward_fake, run=_run_backward)
 def neighborhood_attention_backward_op(
     grad_out: Tensor, grad_lse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
     kernel_size: Sequence[int], dilation: Sequence[int], stride: Sequence[int], is_causal: Sequence[bool],
@@ -421,22 +428,9 @@ def neighborhood_attention_backward_op(
     return _run_backward(grad_out, grad_lse, q, k, v, out, lse, ks, dil, st, causal, scale, window, offset)
 
 
-@neighborhood_attention_op.register_fake
-def _(q, k, v, kernel_size, dilation, stride, is_causal, scale, window, query_offset=None):
+def _fake(q, k, v, kernel_size, dilation, stride, is_causal, scale, window, query_offset=None):
     check_args(q, k, v, kernel_size, dilation, stride, is_causal, scale, window, query_offset)
     return q.new_empty(*q.shape[:-1], v.shape[-1]), q.new_empty(q.shape[:-1], dtype=accumulate_dtype(q.dtype))
-
-
-@neighborhood_attention_backward_op.register_fake
-def _(grad_out, grad_lse, q, k, v, out, lse, kernel_size, dilation, stride, is_causal, scale, window,
-      query_offset=None):
-    check_args(q, k, v, kernel_size, dilation, stride, is_causal, scale, window, query_offset)
-    _check_backward(grad_out, grad_lse, q, v, out, lse)
-    return (
-        torch.empty(q.shape, dtype=q.dtype, device=q.device),
-        torch.empty(k.shape, dtype=k.dtype, device=k.device),
-        torch.empty(v.shape, dtype=v.dtype, device=v.device),
-    )
 
 
 def _setup_context(ctx, inputs, output):
@@ -453,24 +447,23 @@ def _backward_rule(ctx, grad_out, grad_lse):
         grad_out = torch.zeros_like(out)
     elif grad_out.stride(-1) != 1:
         grad_out = grad_out.contiguous()
-    if backward_direct_ok(grad_out, grad_lse, q, k, v, out, lse):
-        ks, dil, st, causal, scale, window, offset = ctx.args
-        if scale is None:
-            scale = q.shape[-1] ** -0.5
-        if offset is None:
-            offset = [0] * (q.dim() - 3)
-        dq, dk, dv = call_direct(_run_backward, grad_out, grad_lse, q, k, v, out, lse, ks, dil, st, causal, scale,
-                                 window, offset)
-    else:
-        dq, dk, dv = torch.ops.fusedops.neighborhood_attention_backward(
-            grad_out, grad_lse, q, k, v, out, lse, *ctx.args)
+    # The forward's arguments as it got them: a symbolic default scale computed here would be specialised by
+    # the dispatcher (a float argument), recompiling a dynamic-shape graph for every head dim.
+    dq, dk, dv = neighborhood_attention_backward_op(grad_out, grad_lse, q, k, v, out, lse, *ctx.args)
     need_q, need_k, need_v = ctx.needs_input_grad[:3]
     return (dq if need_q else None, dk if need_k else None, dv if need_v else None, None, None, None, None, None,
             None, None)
 
 
-register_autograd(neighborhood_attention_op, _backward_rule, setup_context=_setup_context)
-_Direct = direct_autograd("NeighborhoodAttention", _run, _setup_context, _backward_rule)
+@fused_op("neighborhood_attention", fake=_fake, run=_run, setup_context=_setup_context, backward=_backward_rule)
+def neighborhood_attention_op(
+    q: Tensor, k: Tensor, v: Tensor, kernel_size: Sequence[int], dilation: Sequence[int], stride: Sequence[int],
+    is_causal: Sequence[bool], scale: Optional[float], window: str, query_offset: Optional[Sequence[int]] = None,
+) -> tuple[Tensor, Tensor]:
+    """Neighborhood attention; returns (out, lse). See `fusedops.neighborhood_attention`."""
+    *window_args, offset = check_args(q, k, v, kernel_size, dilation, stride, is_causal, scale, window, query_offset)
+    ks, dil, st, causal, scale = window_args
+    return _run(q, k, v, ks, dil, st, causal, scale, window, offset)
 
 
 def neighborhood_attention(
@@ -529,7 +522,7 @@ def neighborhood_attention(
     else:  # compiling: the op's fake kernel checks them (see checks_in_wrapper)
         ks, dil, st, causal = map(_as_list, (kernel_size, dilation, stride, is_causal))
         checked_scale = scale
-        offset = [0] * (q.dim() - 3) if query_offset is None else _as_list(query_offset)
+        offset = None if query_offset is None else _as_list(query_offset)
     if type(q) is not Tensor:
         from . import context_parallel
 
@@ -539,9 +532,6 @@ def neighborhood_attention(
                                  "parallelism places each rank's queries itself)")
             return context_parallel.dtensor_neighborhood_attention(q, k, v, ks, dil, st, causal, scale, window,
                                                                    return_lse)
-    if direct_call_ok(q, k, v):
-        out, lse = _Direct.call(q, k, v, ks, dil, st, causal, checked_scale, window, offset)
-    else:
-        offset = None if query_offset is None else offset
-        out, lse = torch.ops.fusedops.neighborhood_attention(q, k, v, ks, dil, st, causal, scale, window, offset)
+    out, lse = neighborhood_attention_op(q, k, v, ks, dil, st, causal, checked_scale, window,
+                                         None if query_offset is None else offset)
     return (out, lse) if return_lse else out
