@@ -136,7 +136,7 @@ def test_attn_res(path, data, dtype, n, batch, D, with_weight):
 @pytest.mark.parametrize("path", PATHS)
 @given(data=st.data(), dtype=DTYPE, spatial=st.sampled_from([(9,), (5, 4)]), heads=st.sampled_from([(2, 1), (2, 2)]),
        D=st.sampled_from([8, 16]), causal=st.booleans())
-@settings(max_examples=8)
+@settings(max_examples=5)
 def test_neighborhood_attention(path, data, dtype, spatial, heads, D, causal):
     B, (H, Hkv) = 2, heads
     q = torch.randn(B, H, *spatial, D).to(dtype)

@@ -190,7 +190,7 @@ def test_matches_dense_oracle(path, case):
 
 @pytest.mark.parametrize("path", PATHS)
 @given(case=na_cases(max_len={1: 16, 2: 7, 3: 4}), data=st.data())
-@settings(max_examples=8)
+@settings(max_examples=5)
 def test_query_offset_computes_a_box_of_the_grid(path, case, data):
     """q holding a box of k's grid (query_offset) gives the box's rows of the whole grid's out and lse, dq of
     those rows, and the whole grid's dk/dv when only the box's rows carry gradient: against the float64 oracle
@@ -601,7 +601,9 @@ def _qkv_sets(spatials, heads=(4, 2), dim=16, device="cpu", dtype=torch.float32)
             for sp in spatials]
 
 
-@pytest.mark.parametrize("path", PATHS)
+# Not on the Ascend plan (CI time: the slowest test of the suite there): a graph serving every size needs plans
+# that hold for any size, which test_dispatch's test_plans_from_any_size_hint_stay_correct checks on both plans.
+@pytest.mark.parametrize("path", PATHS[:2])
 def test_compile_dynamic_shapes_one_graph(path):
     """Sequence length, image size and head dim change between calls of one dynamic=True compile
     (GQA, dilation, stride, a causal axis): no recompilation, eager's outputs and gradients. The
@@ -610,10 +612,10 @@ def test_compile_dynamic_shapes_one_graph(path):
     with execution_path(path), opaque_triton_ops():
         assert_dynamic_compile_like_eager(
             lambda q, k, v: fusedops.neighborhood_attention(q, k, v, 5, dilation=2, stride=2),
-            _qkv_sets([(23,), (31,), (40,)]))
+            _qkv_sets([(23,), (31,)]))
         assert_dynamic_compile_like_eager(
             lambda q, k, v: fusedops.neighborhood_attention(q, k, v, (3, 5), is_causal=(True, False)),
-            _qkv_sets([(6, 7), (9, 8), (7, 12)], dim=8) + _qkv_sets([(5, 9)], dim=12))
+            _qkv_sets([(6, 7), (9, 8)], dim=8) + _qkv_sets([(5, 9)], dim=12))
 
 
 @pytest.mark.parametrize("path", PATHS)
