@@ -429,12 +429,12 @@ def _exact_dkdv_key(q_ptr, k_ptr, v_ptr, do_ptr, o_ptr, lse_ptr, dlse_ptr, delta
     e = tl.arange(0, BLOCK_DV)
     k = tl.load(k_ptr + k_row + d, mask=d < D, other=0.0).to(qk_scale.dtype)
     v = tl.load(v_ptr + v_row + e, mask=e < DV, other=0.0).to(qk_scale.dtype)
-    qs0, qe0 = _clipped_span(j0, j0, _group_len(L0, DL0, g0), g0, DL0, QO0, QL0, K0, ST0, C0, TRUNCATED,
-                               BOX)
-    qs1, qe1 = _clipped_span(j1, j1, _group_len(L1, DL1, g1), g1, DL1, QO1, QL1, K1, ST1, C1, TRUNCATED,
-                               BOX)
-    qs2, qe2 = _clipped_span(j2, j2, _group_len(L2, DL2, g2), g2, DL2, QO2, QL2, K2, ST2, C2, TRUNCATED,
-                               BOX)
+    qs0, qe0 = _clipped_span(j0, j0, _group_len(L0, DL0, g0), g0, DL0, QO0, QL0, K0, ST0, C0,
+                             TRUNCATED, BOX)
+    qs1, qe1 = _clipped_span(j1, j1, _group_len(L1, DL1, g1), g1, DL1, QO1, QL1, K1, ST1, C1,
+                             TRUNCATED, BOX)
+    qs2, qe2 = _clipped_span(j2, j2, _group_len(L2, DL2, g2), g2, DL2, QO2, QL2, K2, ST2, C2,
+                             TRUNCATED, BOX)
     dk = tl.zeros([BLOCK_D], qk_scale.dtype)
     dv = tl.zeros([BLOCK_DV], qk_scale.dtype)
     for gh in range(0, G):
@@ -491,12 +491,9 @@ def na_fwd_kernel(
     for tile in range(pid, num_tiles, tl.num_programs(0)):
         b, h, a0, a1, a2 = _split_tile(tile, H, T0, T1, T2)
         hk = h // G
-        g0, lg0, i00, i0, p0, last0 = _query_tile_axis(a0, NB0, DL0, L0, QO0, QL0, BM0, r0,
-                                                                  BOX)
-        g1, lg1, i01, i1, p1, last1 = _query_tile_axis(a1, NB1, DL1, L1, QO1, QL1, BM1, r1,
-                                                                  BOX)
-        g2, lg2, i02, i2, p2, last2 = _query_tile_axis(a2, NB2, DL2, L2, QO2, QL2, BM2, r2,
-                                                                  BOX)
+        g0, lg0, i00, i0, p0, last0 = _query_tile_axis(a0, NB0, DL0, L0, QO0, QL0, BM0, r0, BOX)
+        g1, lg1, i01, i1, p1, last1 = _query_tile_axis(a1, NB1, DL1, L1, QO1, QL1, BM1, r1, BOX)
+        g2, lg2, i02, i2, p2, last2 = _query_tile_axis(a2, NB2, DL2, L2, QO2, QL2, BM2, r2, BOX)
         row_ok = (i0 <= last0) & (i1 <= last1) & (i2 <= last2)
         q_rows = b.to(tl.int64) * sqb + h.to(tl.int64) * sqh + p0.to(tl.int64) * sq0 + p1.to(tl.int64) * sq1 \
             + p2.to(tl.int64) * sq2
@@ -605,12 +602,9 @@ def na_bwd_dq_kernel(
     for tile in range(pid, num_tiles, tl.num_programs(0)):
         b, h, a0, a1, a2 = _split_tile(tile, H, T0, T1, T2)
         hk = h // G
-        g0, lg0, i00, i0, p0, last0 = _query_tile_axis(a0, NB0, DL0, L0, QO0, QL0, BM0, r0,
-                                                                  BOX)
-        g1, lg1, i01, i1, p1, last1 = _query_tile_axis(a1, NB1, DL1, L1, QO1, QL1, BM1, r1,
-                                                                  BOX)
-        g2, lg2, i02, i2, p2, last2 = _query_tile_axis(a2, NB2, DL2, L2, QO2, QL2, BM2, r2,
-                                                                  BOX)
+        g0, lg0, i00, i0, p0, last0 = _query_tile_axis(a0, NB0, DL0, L0, QO0, QL0, BM0, r0, BOX)
+        g1, lg1, i01, i1, p1, last1 = _query_tile_axis(a1, NB1, DL1, L1, QO1, QL1, BM1, r1, BOX)
+        g2, lg2, i02, i2, p2, last2 = _query_tile_axis(a2, NB2, DL2, L2, QO2, QL2, BM2, r2, BOX)
         row_ok = (i0 <= last0) & (i1 <= last1) & (i2 <= last2)
         pos0 = p0.to(tl.int64)
         pos1 = p1.to(tl.int64)
