@@ -540,6 +540,23 @@ def opcheck_samples():
 
 
 @pytest.mark.parametrize("path", PATHS)
+def test_registered_op_broadcasts_one_entry_lists_in_its_backward(path):
+    """torch.ops.fusedops.neighborhood_attention takes a 1-element list for every spatial axis, as the wrapper
+    takes an int; the backward, which gets the forward's arguments as the caller passed them, must read them the
+    same way (its direct call once took [3] on a 2-D grid for a window of 1 x 3: wrong gradients)."""
+    torch.manual_seed(21)
+    dtype = torch.float64 if path == "reference" else torch.float32
+    q, k, v = (torch.randn(1, 2, 6, 7, 8, dtype=dtype, requires_grad=True) for _ in range(3))
+    with execution_path(path):
+        out, _ = torch.ops.fusedops.neighborhood_attention(q, k, v, [3], [2], [1], [True], None, "shifted", [0])
+        grads = torch.autograd.grad(out.sum(), (q, k, v))
+        want = fusedops.neighborhood_attention(q, k, v, 3, dilation=2, is_causal=True)
+        want_grads = torch.autograd.grad(want.sum(), (q, k, v))
+    for name, got, ref in zip(("out", "dq", "dk", "dv"), (out, *grads), (want, *want_grads)):
+        torch.testing.assert_close(got, ref, msg=name)
+
+
+@pytest.mark.parametrize("path", PATHS)
 def test_opcheck(path):
     with execution_path(path), opaque_triton_ops():
         for args in opcheck_samples():

@@ -367,15 +367,19 @@ def _backward(grad_out, grad_lse, q, k, v, out, lse, ks, dil, st, causal, scale,
     return dq, dk, dv
 
 
-def _defaults(q, scale, offset):
-    """The op's defaults of scale and query_offset (None): D ** -0.5 and zeros."""
-    return q.shape[-1] ** -0.5 if scale is None else scale, [0] * (q.dim() - 3) if offset is None else offset
+def _filled(q, ks, dil, st, causal, scale, offset) -> tuple:
+    """The op's checked arguments as check_args normalises them: a 1-element list for every axis, the default
+    scale (D ** -0.5) and offset (zeros) for None. The direct calls get them so from the wrappers, but a backward
+    gets its forward's arguments as a torch.ops caller passed them."""
+    ndim = q.dim() - 3
+    ks, dil, st, causal = (list(x) * ndim if len(x) == 1 else x for x in (ks, dil, st, causal))
+    offset = [0] * ndim if offset is None else list(offset) * ndim if len(offset) == 1 else offset
+    return ks, dil, st, causal, q.shape[-1] ** -0.5 if scale is None else scale, offset
 
 
 def _run(q, k, v, ks, dil, st, causal, scale, window, offset) -> tuple[Tensor, Tensor]:
-    """The op on checked arguments, the window's per axis (scale and offset may be None, the defaults):
-    kernels under the device's plan, or the reference."""
-    scale, offset = _defaults(q, scale, offset)
+    """The op on checked arguments (see _filled): kernels under the device's plan, or the reference."""
+    ks, dil, st, causal, scale, offset = _filled(q, ks, dil, st, causal, scale, offset)
     target = target_for(q.device, q.dtype)
     if target is None:
         return reference.neighborhood_attention(q, k, v, ks, dil, st, causal, scale, window, offset)
@@ -383,7 +387,7 @@ def _run(q, k, v, ks, dil, st, causal, scale, window, offset) -> tuple[Tensor, T
 
 
 def _run_backward(grad_out, grad_lse, q, k, v, out, lse, ks, dil, st, causal, scale, window, offset):
-    scale, offset = _defaults(q, scale, offset)
+    ks, dil, st, causal, scale, offset = _filled(q, ks, dil, st, causal, scale, offset)
     target = target_for(q.device, q.dtype)
     if target is None:
         return reference.neighborhood_attention_backward(
