@@ -225,6 +225,37 @@ def test_one_pass_backward_matches_einsum(path, case):
     check_case(case, path, kernels="no-depth-tile")
 
 
+def group_rows(rows: int, tokens_per_program: int, constant_dim: bool) -> list:
+    """Table rows planning the depth-tile forward in groups of `rows` source rows, on every vendor."""
+    params = dict(group_rows=rows, num_warps=4, tokens_per_program=tokens_per_program, programs_per_core=2,
+                  constant_dim=constant_dim)
+    return [{"kernel": "fwd_depth", "vendor": vendor, "arch": "*", "when": {}, "params": params, "run": "test"}
+            for vendor in ("cuda", "ascend")]
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+@pytest.mark.parametrize(("rows", "tokens_per_program", "constant_dim"), [(1, 0, False), (2, 1, True), (4, 3, True)])
+@settings(max_examples=8)
+@given(case=attn_res_cases(max_n=11, max_dim=130))
+def test_forward_in_row_groups_matches_einsum(path, rows, tokens_per_program, constant_dim, case):
+    """The depth-tile forward with fewer rows a step than N (an online softmax across the groups), from a
+    table row: one or several tokens a program or a persistent grid, D constant or not."""
+    from fusedops.plans import candidate_rows
+
+    n, batch = case[0], case[1]
+    assume(n > rows)
+    with candidate_rows("attn_res", group_rows(rows, tokens_per_program, constant_dim)):
+        values, query, weight, eps, _ = build_inputs(case)
+        with execution_path(path):
+            target = ar_op.target_for(values.device, values.dtype)
+            plan = ar_op.forward_plan(target, math.prod(batch), n, values.shape[-1], values.element_size())
+            out, lse = torch.ops.fusedops.attn_res_with_lse(values, query, weight, eps)
+    assert (plan.block_n, plan.tokens_per_program, plan.constant_dim) == (rows, tokens_per_program, constant_dim)
+    ref_out, ref_lse = einsum_attn_res(values, query, weight, eps, return_lse=True)
+    assert_close("out", out, ref_out, values.dtype)
+    assert_close("lse", lse, ref_lse, torch.float32)
+
+
 @pytest.mark.parametrize("path", KERNEL_PATHS)
 @pytest.mark.parametrize("kernels", KERNEL_CHOICES)
 @given(case=attn_res_cases())
@@ -711,8 +742,9 @@ def test_cuda_backward_takes_the_depth_tile_where_measured_faster(n, dim, elem, 
     (2, 1024, True), (8, 1024, True), (4, 2048, True), (4, 4096, True), (3, 7168, True), (2, 16384, True),
     (16, 1024, False), (6, 2048, False), (8, 4096, False), (64, 4096, False)])
 def test_cuda_forward_takes_the_depth_tile_where_measured_faster(n, dim, depth_tile):
-    """The H100 sweep (bench/NOTES.md, run 11): up to 4 rows of any width that fits, or tiles of up to 8K
-    elements; 128 row elements per thread; one program per token for tiles of up to 4K elements."""
+    """The H100 sweep (bench/NOTES.md, run 11), the rules where no row groups are planned (the interpreter here;
+    fp32 values and rows over 16K on GPUs): up to 4 rows of any width that fits, or tiles of up to 8K elements;
+    128 row elements per thread; one program per token for tiles of up to 4K elements."""
     from fusedops.attn_res.op import forward_plan
 
     plan = forward_plan(cuda_target(interpreted=True), 8192, n, dim, 2)
@@ -721,6 +753,33 @@ def test_cuda_forward_takes_the_depth_tile_where_measured_faster(n, dim, depth_t
         tile = plan.block_n * plan.block_d
         assert plan.block_n >= n and plan.block_d >= dim and plan.num_warps == max(4, tile // (32 * 128))
         assert (plan.grid == 8192) == (tile <= 4096)
+
+
+H200_GROUPS = {1024: (2, 1), 2048: (4, 1), 3072: (2, 1), 4096: (2, 1), 6144: (2, 0), 7168: (2, 0), 8192: (4, 0),
+               12288: (2, 0), 16384: (2, 0)}
+
+
+@pytest.mark.parametrize("arch", ["sm90-h200", "sm90", "sm80"])
+@pytest.mark.parametrize("dim", sorted(H200_GROUPS))
+@pytest.mark.parametrize("n", [2, 9, 64])
+def test_cuda_forward_takes_row_groups_by_width(arch, n, dim):
+    """The H200 sweep (bench/NOTES.md, attn_res run 12), the same rows timed on the H100 and taken for unseen
+    GPUs: 16-bit values of every width up to 16K take the depth tile in groups of 2-4 rows, D a compile-time
+    constant; one program per token up to D = 4096, else a persistent grid of 4 programs per SM; a group holds
+    at most 128 fp32 row elements per thread. fp32 values and wider rows keep the older rules (run 11), as does
+    the interpreter."""
+    from fusedops.attn_res.op import forward_plan
+
+    interpreter = cuda_target(interpreted=True)
+    gpu = dataclasses.replace(interpreter, arch=arch, vector_cores=132, interpreted=False)
+    plan = forward_plan(gpu, 8192, n, dim, 2)
+    rows, per_program = H200_GROUPS[dim]
+    assert (plan.block_n, plan.tokens_per_program, plan.constant_dim) == (min(rows, n), per_program, True)
+    assert plan.grid == (8192 if per_program else 4 * 132)
+    assert plan.block_n * plan.block_d <= 128 * 32 * plan.num_warps
+    assert not forward_plan(gpu, 8192, n, dim, 4).tokens_per_program
+    assert not forward_plan(gpu, 8192, n, 32768, 2).block_n
+    assert not forward_plan(interpreter, 8192, n, dim, 2).constant_dim
 
 
 # ---- real kernels on a GPU ----
@@ -749,6 +808,42 @@ def test_gpu_real_sizes(n, dim):
     assert_grads_close(grads, ref_grads, values, query, weight, 1e-6, grad_out)
     again = run_op(values, query, weight, 1e-6, grad_out)[1]
     assert all(torch.equal(a, b) for a, b in zip(grads, again))
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize(("n", "dim"), [(9, 3072), (8, 7168), (24, 6144), (4, 12288), (6, 1024), (3, 8192)])
+@pytest.mark.parametrize(("rows", "tokens_per_program", "constant_dim"), [(2, 1, True), (4, 0, True), (1, 0, False)])
+def test_gpu_forward_in_row_groups(n, dim, rows, tokens_per_program, constant_dim):
+    """The depth-tile forward in row groups at model widths (the H200 table's plans and their neighbours),
+    from table rows of this GPU's arch, against the float64 definition; bitwise equal run to run."""
+    from fusedops.attn_res.op import forward_plan
+    from fusedops.attn_res.plan import next_pow2
+    from fusedops.plans import candidate_rows
+
+    target = cuda_target(torch.device("cuda"))
+    params = dict(group_rows=rows, num_warps=4 if rows * dim <= 16384 else 8, tokens_per_program=tokens_per_program,
+                  programs_per_core=4, constant_dim=constant_dim)
+    when = {"interpreted": False, "dtype": "16", "dim": [1, None]}  # as specific as the table's rows: ties go to it
+    row = {"kernel": "fwd_depth", "vendor": "cuda", "arch": target.arch or "*", "when": when, "params": params,
+           "run": "test"}
+    torch.manual_seed(n + dim)
+    values = torch.randn(n, 3, 171, dim, device="cuda").to(torch.bfloat16)[:, :, 1:]  # 510 tokens, strided
+    query = torch.randn(dim, device="cuda") * 0.05
+    weight = torch.rand(dim, device="cuda") + 0.5
+    with candidate_rows("attn_res", [row]):
+        plan = forward_plan(target, 510, n, dim, 2)
+        out, lse = torch.ops.fusedops.attn_res_with_lse(values, query, weight, 1e-6)
+        again = torch.ops.fusedops.attn_res_with_lse(values, query, weight, 1e-6)
+    block_n = min(rows, next_pow2(n))
+    if block_n * next_pow2(dim) * 6 > target.onchip_bytes:  # a group must fit on chip (fp32 + bf16 a element)
+        assert plan.block_n == 0
+    else:
+        assert (plan.block_n, plan.tokens_per_program, plan.constant_dim) == (block_n, tokens_per_program, constant_dim)
+    ref_out, ref_lse = einsum_attn_res(values, query, weight, 1e-6, return_lse=True)
+    assert_close("out", out, ref_out, torch.bfloat16)
+    assert_close("lse", lse, ref_lse, torch.float32)
+    assert torch.equal(out, again[0]) and torch.equal(lse, again[1])
 
 
 @gpu

@@ -157,32 +157,62 @@ def _depth_tile(N, D, STRIDE_N, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
 
 
 @triton.jit
+def _depth_tile_token(t, rows, u, out_ptr, lse_ptr, N, D, STRIDE_N, eps, d, d_mask, n, ACC: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """attn_res_fwd_depth_tile_kernel's work for token t ([1]) whose first source row starts at `rows`."""
+    m = tl.full([1], float("-inf"), ACC)
+    denom = tl.zeros([1], ACC)
+    acc = tl.zeros([BLOCK_D], ACC)
+    for n0 in range(0, N, BLOCK_N):
+        in_group = n < N - n0
+        x = tl.load(rows, mask=in_group[:, None] & d_mask[None, :], other=0.0).to(ACC)
+        s = tl.where(in_group, _row_logit(x, u, D, eps)[0], float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=0))
+        ref = _finite_or_zero(m_new)
+        rescale = tl.exp(m - ref)
+        p = tl.exp(s - ref)
+        denom = denom * rescale + tl.sum(p, axis=0)
+        acc = acc * rescale + tl.sum(p[:, None] * x, axis=0)
+        m = m_new
+        rows += BLOCK_N * STRIDE_N
+    tl.store(out_ptr + (t * D)[:, None] + d[None, :], (acc / denom)[None, :].to(out_ptr.dtype.element_ty),
+             mask=d_mask[None, :])
+    tl.store(lse_ptr + t, m + tl.log(denom))
+
+
+@triton.jit
 def attn_res_fwd_depth_tile_kernel(
     v_ptr, q_ptr, w_ptr, out_ptr, lse_ptr,
     N, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, eps,
     HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, F64: tl.constexpr,
+    DIM: tl.constexpr = 0, TOKENS: tl.constexpr = 0,
 ):
-    """attn_res_fwd_kernel's out and lse with all N source rows of one token loaded at once
-    ([BLOCK_N, BLOCK_D], BLOCK_N >= N): every row's load is in flight together and the softmax over
-    depth is a plain one. Program pid takes tokens pid, pid + grid, ..."""
+    """attn_res_fwd_kernel's out and lse with BLOCK_N source rows of one token loaded at once
+    ([BLOCK_N, BLOCK_D]): every row's load of a group is in flight together. BLOCK_N >= N: one group and a
+    plain softmax over depth; else an online softmax across groups of BLOCK_N rows.
+    TOKENS > 0: program pid takes tokens pid * TOKENS ... + TOKENS - 1 (grid = cdiv(T, TOKENS)); 0: tokens
+    pid, pid + grid, ... DIM > 0: D as a compile-time constant (D == DIM)."""
+    if DIM > 0:
+        D = DIM
     ACC = tl.float64 if F64 else tl.float32
     eps = tl.cast(eps, ACC)  # Inductor passes Python floats as fp64
     pid = tl.program_id(0)
-    d, d_mask, n, n_mask, mask, src = _depth_tile(N, D, STRIDE_N, BLOCK_N, BLOCK_D)
+    d, d_mask, n, _, _, src = _depth_tile(N, D, STRIDE_N, BLOCK_N, BLOCK_D)
     u = _folded_query(q_ptr, w_ptr, d, d_mask, HAS_WEIGHT, ACC)
-    for token in range(pid, T, tl.num_programs(0)):
-        t = token + tl.arange(0, 1).to(tl.int64)  # [1]: the token as a tensor, on every frontend
-        x = tl.load(v_ptr + _token_rows(t, S1, S2, ST0, ST1, ST2)[:, None] + src, mask=mask, other=0.0)
-        x = x.to(ACC)
-        logit, _ = _row_logit(x, u, D, eps)
-        s = tl.where(n_mask, logit, float("-inf"))
-        m = tl.max(s, axis=0)
-        p = tl.exp(s - _finite_or_zero(m))
-        denom = tl.sum(p, axis=0)
-        out = tl.sum((p / denom)[:, None] * x, axis=0)
-        tl.store(out_ptr + (t * D)[:, None] + d[None, :], out[None, :].to(out_ptr.dtype.element_ty),
-                 mask=d_mask[None, :])
-        tl.store(lse_ptr + t, tl.zeros([1], ACC) + (m + tl.log(denom)))
+    if TOKENS > 0:
+        for i in tl.static_range(TOKENS):
+            token = pid.to(tl.int64) * TOKENS + i
+            if token < T:
+                t = token + tl.arange(0, 1).to(tl.int64)  # [1]: the token as a tensor, on every frontend
+                rows = v_ptr + _token_rows(t, S1, S2, ST0, ST1, ST2)[:, None] + src
+                _depth_tile_token(t, rows, u, out_ptr, lse_ptr, N, D, STRIDE_N, eps, d, d_mask, n, ACC, BLOCK_N,
+                                  BLOCK_D)
+    else:
+        for token in range(pid, T, tl.num_programs(0)):
+            t = token + tl.arange(0, 1).to(tl.int64)
+            rows = v_ptr + _token_rows(t, S1, S2, ST0, ST1, ST2)[:, None] + src
+            _depth_tile_token(t, rows, u, out_ptr, lse_ptr, N, D, STRIDE_N, eps, d, d_mask, n, ACC, BLOCK_N,
+                              BLOCK_D)
 
 
 @triton.jit

@@ -103,9 +103,12 @@ def _forward(
     walk = dict(N=n, T=tokens, D=dim, S1=s1, S2=s2, ST0=st0, ST1=st1, ST2=st2, STRIDE_N=values.stride(0), eps=eps)
     f64 = values.dtype == torch.float64
     if plan.block_n:
-        launch(attn_res_fwd_depth_tile_kernel, (plan.grid,),
+        # tokens_per_program > 0: the grid follows from it, so a forced value cannot leave tokens out
+        grid = -(-tokens // plan.tokens_per_program) if plan.tokens_per_program else plan.grid
+        launch(attn_res_fwd_depth_tile_kernel, (grid,),
                dict(v_ptr=values, q_ptr=query, w_ptr=weight, out_ptr=out, lse_ptr=lse, **walk),
                dict(HAS_WEIGHT=norm_weight is not None, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d, F64=f64,
+                    TOKENS=plan.tokens_per_program, DIM=dim if plan.constant_dim and isinstance(dim, int) else 0,
                     num_warps=plan.num_warps))
         return out, lse
     logits = out if plan.one_tile else values.new_empty((n, tokens), dtype=lse.dtype)

@@ -54,7 +54,9 @@ class Plan:
     unroll: int = 1  # source rows loaded per depth step (2: two independent loads in flight)
     num_stages: int = 1
     one_pass: bool = False  # a plan of the one-pass backward kernel
-    block_n: int = 0  # > 0: a plan of a depth-tile kernel (forward or backward), holding block_n >= N rows
+    block_n: int = 0  # > 0: a plan of a depth-tile kernel (forward or backward) of block_n rows a step
+    tokens_per_program: int = 0  # depth-tile forward: > 0 launches cdiv(tokens, it) programs, 0 a persistent grid
+    constant_dim: bool = False  # depth-tile forward: D a compile-time constant (one compile per D)
 
 
 @memoize
@@ -118,17 +120,20 @@ def depth_tile_plan(target: Target, tokens: int, sources: int, dim: int, elem_si
                     backward: bool = True) -> Plan | None:
     """The plan of attn_res_bwd_depth_tile_kernel (or, backward=False, attn_res_fwd_depth_tile_kernel)
     for `sources` (N, a plain int) rows per token, or None when its [next_pow2(N), next_pow2(D)] tile
-    does not fit on chip (or, on CUDA, is a shape that the other kernels run faster)."""
+    does not fit on chip (or, on CUDA, is a shape that the other kernels run faster). A forward row with
+    group_rows > 0 takes that many rows a step instead (see _grouped_forward_plan)."""
     block_n = next_pow2(sources)
     block_d = max(next_pow2(dim), max(1, target.row_align // elem_size))
     tile = block_n * block_d
     cuda = target.vendor == "cuda"
     wide = acc_scale(elem_size)
     per_element = CUDA_DEPTH_TILE_EXTRA_BYTES * wide + elem_size if cuda else ASCEND_DEPTH_TILE_BYTES_PER_ELEMENT * wide
-    if tile * per_element > target.onchip_bytes:
-        return None
     features = dict(_features(target, elem_size, dim, tokens), sources=sources, tile=tile)
     row = resolve(OP, "bwd_depth" if backward else "fwd_depth", target, **features)
+    if not backward and row.get("group_rows"):
+        return _grouped_forward_plan(target, tokens, sources, block_d, per_element, row)
+    if tile * per_element > target.onchip_bytes:
+        return None
     if not cuda:
         return Plan(block_t=1, block_d=block_d, one_tile=True, grid=target.grid_size(tokens, persistent=True),
                     num_warps=row["num_warps"], block_n=block_n)
@@ -145,6 +150,26 @@ def depth_tile_plan(target: Target, tokens: int, sources: int, dim: int, elem_si
     num_warps = max(row["num_warps"], tile // per_warp, min(row["max_warps"], block_d // row["row_per_warp"]))
     grid = torch.sym_min(tokens, target.vector_cores * row["programs_per_core"])
     return Plan(block_t=1, block_d=block_d, one_tile=True, grid=grid, num_warps=num_warps, block_n=block_n)
+
+
+def _grouped_forward_plan(target: Target, tokens: int, sources: int, block_d: int, per_element: int,
+                          row: dict) -> Plan | None:
+    """The depth-tile forward in groups of row["group_rows"] source rows a step (fewer where N is smaller), on
+    row["num_warps"]; one program per row["tokens_per_program"] tokens, or (0) row["programs_per_core"]
+    persistent programs per core; None when a group does not fit on chip. Where the rows came from:
+    bench/NOTES.md, attn_res run 12."""
+    block_n = min(row["group_rows"], next_pow2(sources))
+    if block_n * block_d * per_element > target.onchip_bytes:
+        return None
+    per_program = row["tokens_per_program"]
+    if per_program and isinstance(tokens, int) and -(-tokens // per_program) > target.max_grid:
+        per_program = 0  # Ascend's grid cap: a persistent grid instead
+    if per_program:
+        grid = torch.sym_max(1, -(-tokens // per_program))
+    else:
+        grid = torch.sym_min(tokens, target.vector_cores * row["programs_per_core"])
+    return Plan(block_t=1, block_d=block_d, one_tile=True, grid=grid, num_warps=row["num_warps"], block_n=block_n,
+                tokens_per_program=per_program, constant_dim=row["constant_dim"])
 
 
 # The partial-sum reduction is latency-bound (a few MB, just written, in L2): on CUDA, narrow feature

@@ -6,7 +6,7 @@ committed), each configuration is also timed with that version's kernel in the s
 Usage: python -m fusedops.bench.tune_attn_res   (TUNE_FORWARD=0 / TUNE_BACKWARD=0 skip a direction)
        python -m fusedops.bench.tune_attn_res depth   (the depth-tile backward's configs against the one-pass and
                                                        two-phase plans, every (N, D) whose tile fits 32K elements)
-       python -m fusedops.bench.tune_attn_res depth-fwd   (the depth-tile forward's configs against the online one)
+       python -m fusedops.bench.tune_attn_res depth-fwd   (the depth tile forward in row groups against the planner)
        python -m fusedops.bench.tune_attn_res stash   (the whole backward with the partial sums stashed in grad_values
                                                        against their own buffer: time and peak memory)"""
 
@@ -24,7 +24,7 @@ from fusedops.internals import set_wrap_triton_enabled
 import fusedops
 from fusedops.attn_res import kernels as attn_res_kernels
 from fusedops.attn_res import op as attn_res_op
-from fusedops.attn_res.op import _backward, _forward
+from fusedops.attn_res.op import _backward, _forward, forward_plan
 from fusedops.attn_res.plan import Plan, depth_tile_plan, make_plan, next_pow2
 from fusedops.bench.common import measure_ceiling
 from fusedops.launch import launch
@@ -44,8 +44,12 @@ CASES = [(8, 8192, 4096), (16, 4096, 4096), (64, 2048, 4096), (4, 8192, 4096), (
 
 # The depth-tile sweep: (warps, programs per SM) of attn_res_bwd_depth_tile_kernel.
 DEPTH_CONFIGS = [(4, 1), (4, 2), (4, 4), (8, 1), (8, 2), (16, 1), (16, 2)]
-# The forward depth-tile sweep: (warps, programs per SM; 0: one program per token).
-DEPTH_FWD_CONFIGS = [(4, 0), (8, 0), (16, 0), (4, 4), (8, 4), (4, 8), (8, 2), (16, 1), (16, 2)]
+# The forward depth-tile sweep: (rows per step, warps, programs per SM; -k: k tokens a program), and a
+# grid shape of every D in the attn_res grid whose row is not a power of two, plus a few that are.
+GROUPED_FWD_CONFIGS = [(r, w, p) for r, w in ((1, 4), (2, 4), (4, 4), (2, 8), (4, 8)) for p in (-1, 4)]
+GROUPED_FWD_CASES = [(9, 32768, 3072), (24, 2048, 6144), (9, 8192, 3584), (16, 512, 5120), (8, 8192, 7168),
+                     (32, 8192, 7168), (12, 8192, 2304), (9, 8192, 1536), (6, 32768, 1024), (8, 32768, 2048),
+                     (12, 32768, 4096), (3, 8192, 8192), (64, 2048, 8192), (4, 8192, 16384), (4, 32768, 12288)]
 DEPTH_CASES = [(n, d) for d in (1024, 2048, 4096, 7168, 8192, 16384) for n in (2, 3, 4, 6, 8, 16, 32)
                if next_pow2(n) * next_pow2(d) <= 32768]
 
@@ -129,26 +133,63 @@ def sweep_depth_tile() -> None:
 
 
 def sweep_depth_tile_forward() -> None:
-    """Forward kernel alone, bf16 values, fp32 query/weight: the online-softmax plan against the depth tile."""
+    """Forward alone, bf16 values, fp32 query/weight, CUDA-graph replays: the planner's plan against the depth
+    tile in groups of 1, 2 or 4 rows a step x 4 or 8 warps x one token a program or 4 per SM (D constant), with
+    fla-core's fused_attnres beside when it imports. Cases: shapes of the attn_res grid, most of them wide rows
+    off a power of two (TUNE_CASES="N,tokens,D;..." replaces them). TUNE_RULE_ARCH=sm90-h200: instead of the
+    sweep, the plan that arch's table rows give each shape."""
     dev, target, ceiling = _cuda_setup()
+    cases = [tuple(int(x) for x in c.split(",")) for c in os.environ["TUNE_CASES"].split(";")] \
+        if os.environ.get("TUNE_CASES") else GROUPED_FWD_CASES
     table = []
-    for n, dim in DEPTH_CASES:
-        tokens, v, q, w = _depth_inputs(n, dim, dev)
+    for n, tokens, dim in cases:
+        v = torch.randn(n, tokens, dim, device=dev, dtype=torch.bfloat16)
+        q, w = torch.randn(dim, device=dev) * 0.05, torch.rand(dim, device=dev) + 0.5
         nbytes, case = (n + 1) * tokens * dim * 2, f"N{n} T{tokens} D{dim}"
-        online = make_plan(target, tokens, dim, 2, backward=False)
-        ref = _forward(v, q, w, 1e-6, target, online)
-        t_online = _time(f"online {case}", lambda: _forward(v, q, w, 1e-6, target, online), nbytes, ceiling, False)
-        best = _sweep_depth_configs(
-            case, depth_tile_plan(target, tokens, n, dim, 2, backward=False), n, dim, tokens, target,
-            DEPTH_FWD_CONFIGS, 128, lambda plan: _fwd(plan, v, q, w, target), ref, nbytes, ceiling)
-        table.append((case, t_online, *best, nbytes))
+        ref = _forward(v, q, w, 1e-6, target)
+        planned = _replay_ms(lambda: _forward(v, q, w, 1e-6, target))
+        fla = _fla_ms(v, q, w)
+        best = (float("inf"), "")
+        rule_arch = os.environ.get("TUNE_RULE_ARCH")
+        if rule_arch:  # only the plan another architecture's table rows give this shape, beside this one's
+            plan = forward_plan(dataclasses.replace(target, arch=rule_arch), tokens, n, dim, 2)
+            best = (_replay_ms(lambda: _fwd(plan, v, q, w, target)), f"{rule_arch} rows: {plan}")
+        for block_n, warps, per_sm in [] if rule_arch else GROUPED_FWD_CONFIGS:
+            block_d = next_pow2(dim)
+            if block_n > next_pow2(n) or block_n * block_d > warps * 32 * 128:
+                continue
+            grid = -(-tokens // -per_sm) if per_sm <= 0 else min(tokens, per_sm * target.vector_cores)
+            plan = Plan(block_t=1, block_d=block_d, one_tile=True, grid=grid, num_warps=warps, block_n=block_n,
+                        tokens_per_program=max(0, -per_sm), constant_dim=True)
+            got = _fwd(plan, v, q, w, target)
+            err = max(((a.float() - b.float()).norm() / b.float().norm()).item() for a, b in zip(got, ref))
+            ms = _replay_ms(lambda: _fwd(plan, v, q, w, target))
+            label = f"rows {block_n} w{warps} {f'{-per_sm} tokens a program' if per_sm < 0 else f'{per_sm}/SM'}"
+            print(f"{case} {label}: {ms:.4f} ms {100 * nbytes / ms / 1e9 / ceiling:.1f}% err {err:.1e}", flush=True)
+            best = min(best, (ms, label))
+        table.append((case, planned, fla, *best, nbytes))
         del v
         torch.cuda.empty_cache()
-    print("\ncase | online ms (% copy) | best depth-tile ms (config, % copy) | planned depth-tile ms | online/best")
-    for case, t_on, t_best, cfg, t_plan, nb in table:
+    print("\ncase | planned ms (% copy) | fla ms (% copy) | best grouped depth tile ms (config, % copy) | planned/best")
+    for case, t_plan, t_fla, t_best, cfg, nb in table:
         pct = lambda ms: 100 * nb / ms / 1e9 / ceiling  # noqa: E731
-        print(f"{case} | {t_on:.4f} ({pct(t_on):.1f}%) | {t_best:.4f} ({cfg}, {pct(t_best):.1f}%) | {t_plan:.4f} | "
-              f"{t_on / t_best:.2f}x")
+        print(f"{case} | {t_plan:.4f} ({pct(t_plan):.1f}%) | {t_fla:.4f} ({pct(t_fla):.1f}%) | {t_best:.4f} ({cfg}, "
+              f"{pct(t_best):.1f}%) | {t_plan / t_best:.2f}x")
+
+
+def _replay_ms(fn) -> float:
+    fn()
+    return triton.testing.do_bench_cudagraph(fn, return_mode="median")
+
+
+def _fla_ms(v, q, w) -> float:
+    from fusedops.bench.attn_res import fla
+    from fusedops.bench.common import MissingBaseline
+
+    try:
+        return _replay_ms(lambda: fla(v, q, w))
+    except MissingBaseline:
+        return float("nan")
 
 
 def sweep_stash() -> None:
@@ -280,8 +321,10 @@ def _force(kind: str, plan: Plan):
     """plan_override forcing `plan` (its kernel variant and fields) on the forward or backward."""
     variant = ("depth_tile" if plan.block_n else "one_pass" if plan.one_pass else
                "two_phase" if kind == "backward" else "online")
-    fields = {k: getattr(plan, k) for k in ("block_t", "block_d", "grid", "num_warps", "unroll", "num_stages",
-                                            "block_n")}
+    names = ("block_t", "block_d", "grid", "num_warps", "unroll", "num_stages", "block_n")
+    if kind == "forward":
+        names += ("tokens_per_program", "constant_dim")
+    fields = {k: getattr(plan, k) for k in names}
     return fusedops.plan_override("attn_res", kind, variant=variant, **fields)
 
 
