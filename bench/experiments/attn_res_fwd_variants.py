@@ -1,9 +1,11 @@
 """Which property of fla-core's attn_res forward makes it faster than ours on the H200 at D not a power of two:
-one program per token without a token loop (NO_LOOP), the load pipeline (num_stages), evict_first loads, the
-multiple_of / max_contiguous hints, or D as a compile-time constant (CONST_D). A stand-alone copy of the grouped
-depth-tile forward with each of those as a switch, contiguous [N, tokens, D] bf16 values, CUDA-graph replays,
-% of the copy bandwidth measured in the same run, fla timed beside (its autotuned config printed). Last run with
-torch 2.11 + Triton 3.6 on an H200 (bench/NOTES.md, attn_res run 12: D constant and no token loop together).
+one program per token without a token loop (NO_LOOP) or a persistent grid, the load pipeline (num_stages),
+evict_first loads, the multiple_of / max_contiguous hints, or D as a compile-time constant (CONST_D). A
+stand-alone copy of the grouped depth-tile forward with each of those as a switch inside its loop (so it cannot
+call the package's kernel), contiguous [N, tokens, D] bf16 values, CUDA-graph replays, % of the copy bandwidth
+measured in the same run, fla timed beside (its autotuned config printed). Last run with torch 2.11 + Triton 3.6
+on an H200, in two parts, each sweeping some of these switches (bench/results/h200-2026-11-27-attn-res-fwd-
+variants.txt; bench/NOTES.md, attn_res run 12: D constant and no token loop together).
 
     python -m bench.experiments.attn_res_fwd_variants"""
 
@@ -96,10 +98,11 @@ def main():
         ref = fla()
         ref = ref[0] if isinstance(ref, tuple) else ref
         results = []
-        for rows, warps, stages, no_loop, hints, const_d in itertools.product(
-                (2, 4), (4, 8), (1, 3), (False, True), (False, True), (False, True)):
-            persistent, evict = False, False
-            grid = (tokens,)
+        for rows, warps, stages, no_loop, hints, const_d, persistent, evict in itertools.product(
+                (2, 4), (4, 8), (1, 3), (False, True), (False, True), (False, True), (False, True), (False, True)):
+            if (persistent and no_loop) or (evict and not (no_loop and const_d)):
+                continue  # a persistent grid needs the token loop; evict_first only on the fastest launch shape
+            grid = (4 * sms,) if persistent else (tokens,)
             call = lambda: _fwd[grid](v, q, out, lse, n, tokens, dim, tokens * dim, 1e-6, D_CT=dim,  # noqa: E731
                                        CONST_D=const_d, PERSISTENT=persistent, EVICT=evict, BLOCK_N=rows,
                                        BLOCK_D=triton.next_power_of_2(dim), num_warps=warps, num_stages=stages,
@@ -108,7 +111,7 @@ def main():
             err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
             ms = triton.testing.do_bench_cudagraph(call, return_mode="median")
             label = (f"rows {rows} w{warps} s{stages}{' noloop' if no_loop else ''}{' hints' if hints else ''}"
-                     f"{' constD' if const_d else ''}")
+                     f"{' constD' if const_d else ''}{' 4/SM' if persistent else ''}{' evict' if evict else ''}")
             print(f"  {label}: {ms:.4f} ms {pct(ms):.1f}% err {err:.1e}", flush=True)
             results.append((ms, label))
         results.sort()
