@@ -8,7 +8,8 @@
 # the attn_res backward with its partial sums stashed in grad_values or in their own buffer,
 # embtune = embedding backward-kernel variants, natune = fusedops.bench.tune_neighborhood_attention,
 # breakdown = fusedops.bench.breakdown (device time per kernel of a fwd+bwd step),
-# block = fusedops.bench.block_attn_res (PARTS, default all four),
+# block = fusedops.bench.block_attn_res (PARTS, default all four), blocktune = fusedops.bench.tune_block_attn_res
+# (BLOCKTUNE, default "multi merge"), experiment = python -m bench.experiments.$EXP,
 # grid = fusedops.bench.attn_res_grid (issue 31's attn_res shape grid, GRID_S; JSON and heatmaps into $OUT),
 # nagrid = fusedops.bench.na_grid (issue 32's neighborhood-attention grid against Flex; PART, default 1/2),
 # tests = the GPU tests, aoti = the AOTInductor package test (3.5-5 min of compiling), lm = the example model,
@@ -44,6 +45,13 @@ for step in ${STEPS:-tests bench}; do
       timeout "${BLOCK_S:-300}" python3 -m fusedops.bench.block_attn_res --parts ${PARTS:-block decode merge multi} \
         > "$OUT/block.txt" 2> "$OUT/block_progress.txt"
       echo "block (exit $?):"; cat "$OUT/block.txt" ;;
+    blocktune)
+      TUNE_S=$(( ${BLOCKTUNE_S:-300} - 20 )) timeout "${BLOCKTUNE_S:-300}" python3 -m fusedops.bench.tune_block_attn_res \
+        ${BLOCKTUNE:-multi merge} > "$OUT/blocktune.txt" 2>&1
+      echo "blocktune (exit $?):"; grep -A4 "^case" "$OUT/blocktune.txt" ;;
+    experiment)
+      timeout "${EXP_S:-300}" python3 -m "bench.experiments.$EXP" > "$OUT/$EXP.txt" 2>&1
+      echo "$EXP (exit $?):"; tail -n "${EXP_TAIL:-30}" "$OUT/$EXP.txt" ;;
     embtune)
       timeout "${EMBTUNE_S:-150}" python3 -c "from fusedops.bench.embedding import sweep_bwd; sweep_bwd()" > "$OUT/embtune.txt" 2>&1
       echo "embtune (exit $?):"; cat "$OUT/embtune.txt" ;;

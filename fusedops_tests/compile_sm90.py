@@ -99,9 +99,11 @@ def run_ops(target: Target = H100) -> None:
         attn_res._backward(grad_out, values, query, weight, 1e-6, True, False, True, target, out, lse, torch.randn(2, 8))
     # block attn_res: phase 1 at Kimi K3's shape (and decode, D split), the merge with two addends and the norm
     # and without either, both backwards; float64
-    # (and the tensor-core forward's tiles at a deep block, many queries and a narrow D)
+    # (and the tensor-core forward's tiles at a deep block, many queries and a narrow D; the two-pass forward and
+    # the merge's whole rows from 1024 tokens)
     for n, m, tokens, dim, dtype in ((8, 24, 64, 7168, bf16), (9, 24, 1, 7168, bf16), (3, 2, 8, 300, f64),
-                                     (100, 64, 40, 4096, bf16), (5, 3, 40, 8, torch.float16)):
+                                     (100, 64, 40, 4096, bf16), (5, 3, 40, 8, torch.float16),
+                                     (9, 6, 1024, 4096, bf16), (4, 16, 1024, 12000, f32)):
         values, queries = torch.randn(n, tokens, dim, dtype=dtype), torch.randn(m, dim)
         block_attn_res._multi_forward(values, queries, 1e-6, target)
         block_attn_res._multi_backward(torch.randn(m, tokens, dim, dtype=dtype), torch.randn(m, tokens), values,

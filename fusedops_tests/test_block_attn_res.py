@@ -5,6 +5,7 @@ compile, export, gradcheck, determinism and bad input."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -219,6 +220,32 @@ def test_multi_matches_per_query_attn_res(path, n, m, batch, dim, dtype, layout,
     torch.testing.assert_close(q.grad.double(), ref_grads[1], rtol=tol * 4, atol=tol * 4 * qscale)
 
 
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+@FEW
+@given(n=st.integers(1, 17), m=st.integers(1, 20), batch=st.sampled_from([(8,), (13,), (3, 5), (2, 3, 7)]),
+       dim=st.integers(1, 150), dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+       layout=st.sampled_from(["contiguous", "bank"]), seed=st.integers(0, 2**31 - 1))
+def test_multi_two_pass_forward_matches_per_query_attn_res(path, n, m, batch, dim, dtype, layout, seed):
+    """From 8 tokens the interpreter's table row plans the two-pass forward (the GPU rows from 1024 tokens): the
+    weights kernel then the outputs kernel (ragged feature tiles, batch dims walked, a bank read in place) give
+    each query's single-query AttnRes and lse; above 16 sources the one-kernel forward stays (and on Ascend)."""
+    gen = torch.Generator().manual_seed(seed)
+    tokens = math.prod(batch)
+    bank = torch.randn(tokens, n + 2, dim, generator=gen).to(dtype)
+    stacked = bank[:, :n].movedim(1, 0).reshape(n, *batch, dim)
+    values = stacked if layout == "bank" else stacked.contiguous()
+    queries = torch.randn(m, dim, generator=gen)
+    with execution_path(path):
+        plan = multi_plan(target_for(values.device, values.dtype), tokens, n, m, dim, values.element_size())
+        out, lse = fusedops.attn_res_multi(values, queries, EPS)
+    assert plan.two_pass == (n <= 16 and path == "cuda")  # Ascend plans keep the CUDA-core forward
+    tol = {torch.float32: 2e-5, torch.bfloat16: 1.6e-2, torch.float16: 2e-3}[dtype]
+    for l in range(m):
+        ref, ref_lse = einsum_attn_res(stacked.double(), queries[l].double(), EPS)
+        torch.testing.assert_close(out[l].double(), ref, rtol=tol, atol=4 * tol)
+        torch.testing.assert_close(lse[l].double(), ref_lse, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("path", PATHS)
 def test_multi_with_one_query_is_attn_res(path):
     gen = torch.Generator().manual_seed(1)
@@ -401,9 +428,16 @@ def _merge_definition(out, lse, p, query):
 
 
 @pytest.mark.parametrize("path", KERNEL_PATHS)
-@pytest.mark.parametrize(("block_t", "block_d"), [(1, 4), (2, 8), (4, 64)])
-def test_merge_tiled_plans(path, block_t, block_d):
-    """The merge's multi-pass D tiles and token blocks (ragged last ones) and a bank slot read in place."""
+@pytest.mark.parametrize("plan", [MergePlan(1, 4, 2), MergePlan(2, 8, 2), MergePlan(4, 64, 2),
+                                  MergePlan(1, 64, 2, whole_row=True), MergePlan(2, 64, 1, whole_row=True,
+                                                                                 blocks_per_program=2),
+                                  MergePlan(1, 64, 5, whole_row=True, blocks_per_program=1, constant_dim=True)],
+                         ids=["t1-d4", "t2-d8", "t4-d64", "whole-persistent", "whole-t2-2-blocks", "whole-1-token-D"])
+def test_merge_tiled_plans(path, plan):
+    """The merge's multi-pass D tiles and whole rows, token blocks (ragged last ones), persistent or a fixed
+    number of blocks a program (the grid then follows from it: the plan's grid of 1 or 5 does not matter), D
+    constant or not, and a bank slot read in place."""
+    block_t, block_d = plan.block_t, plan.block_d
     gen = torch.Generator().manual_seed(6)
     dtype = torch.float32 if path == "ascend" else torch.float64  # triton-ascend has no float64
     tol = 2e-5 if dtype == torch.float32 else 1e-11
@@ -417,8 +451,7 @@ def test_merge_tiled_plans(path, block_t, block_d):
     with execution_path(path):
         target = target_for(out.device)
         with recorded_launches(bar_op) as launches:
-            y, p_new = bar_op._merge_forward(out, lse, slot, query, *adds, gain, EPS, EPS, target,
-                                             MergePlan(block_t, block_d, 2))
+            y, p_new = bar_op._merge_forward(out, lse, slot, query, *adds, gain, EPS, EPS, target, plan)
         assert any(same_view(t, slot) for t in launches[0][1])
         grads = bar_op._merge_backward(gy, gp, out, lse, ref_p, query, gain, EPS, EPS, True, True, True, True,
                                        True, target, MergePlan(block_t, block_d, 3))
@@ -426,6 +459,55 @@ def test_merge_tiled_plans(path, block_t, block_d):
     torch.testing.assert_close(p_new, ref_p, rtol=0, atol=0)
     for a, b in zip(grads, ref_grads):
         torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+
+
+def whole_row_merge_rows(whole_row_d: int) -> list:
+    """Table rows planning the merge's forward one whole row a program up to next_pow2(D) = whole_row_d."""
+    params = dict(one_row=True, whole_row_d=whole_row_d, constant_dim=True, tile_d=8, tile_elements=0,
+                  elements_per_warp=0, few_rows_elements_per_warp=0, num_warps=4, max_warps=4, many_rows_max_warps=4)
+    return [{"kernel": "merge_fwd", "vendor": vendor, "arch": "*", "when": {"interpreted": True}, "params": params,
+             "run": "test"}
+            for vendor in ("cuda", "ascend")]
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+@pytest.mark.parametrize("num_add", [0, 1, 2])
+@pytest.mark.parametrize("with_gain", [False, True])
+@pytest.mark.parametrize("dim", [24, 33])
+def test_merge_whole_row_plan_from_the_table(path, num_add, with_gain, dim):
+    """A table row asking for whole rows gives one program per token with D constant where next_pow2(D) fits
+    whole_row_d, tiles of tile_d on a persistent grid above it; both equal the float64 definition, with every
+    fused add and the output norm, and the updated partial sum is the rounded sum."""
+    from fusedops.plans import candidate_rows
+
+    gen = torch.Generator().manual_seed(9 + num_add)
+    tokens = 5
+    out, lse, partial, query, adds, gain = merge_inputs((tokens,), dim, torch.float32, gen, num_add, with_gain)
+    with candidate_rows("block_attn_res", whole_row_merge_rows(32)), execution_path(path):
+        plan = merge_plan(target_for(out.device), tokens, dim, 4)
+        y, p_new = fusedops.attn_res_merge(out, lse, partial, query, adds, gain)
+    whole = dim <= 32
+    assert (plan.whole_row, plan.blocks_per_program, plan.constant_dim) == (whole, int(whole), True)
+    assert plan.block_d == (32 if whole else 8)
+    p_ref = partial
+    for a in adds:
+        p_ref = p_ref + a
+    if num_add:
+        torch.testing.assert_close(p_new, p_ref, rtol=0, atol=0)
+    h64 = _merge_definition(out.double(), lse.double(), p_ref.double(), query.double())
+    assert_close("y", y, rmsnorm(h64, gain.double(), EPS) if with_gain else h64, torch.float32)
+
+
+def test_device_merge_plans_take_whole_rows_by_width():
+    """The GPU rows: one program per token over the whole row up to D = 16384, D tiles on a persistent grid
+    above; a decode step is one program either way."""
+    for arch in ("sm90-h200", "sm90", "sm80"):
+        target = dataclasses.replace(cuda_target(interpreted=True), interpreted=False, vector_cores=132, arch=arch)
+        wide = merge_plan(target, 8192, 7168, 2)
+        assert (wide.whole_row, wide.block_d, wide.grid, wide.constant_dim) == (True, 8192, 8192, True)
+        wider = merge_plan(target, 8192, 16385, 2)
+        assert not wider.whole_row and wider.block_d < 16385 and wider.blocks_per_program == 0
+        assert merge_plan(target, 1, 7168, 2).grid == 1
 
 
 # ---- op contracts: opcheck, compile, export, gradcheck, determinism, bad input --------------------------------
@@ -754,11 +836,12 @@ def test_bench_runs_on_cpu():
 
 @gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize(("n", "m", "tokens", "dim"), [(9, 24, 64, 7168), (4, 6, 1, 4096), (8, 16, 300, 1000)])
+@pytest.mark.parametrize(("n", "m", "tokens", "dim"), [(9, 24, 64, 7168), (4, 6, 1, 4096), (8, 16, 300, 1000),
+                                                     (9, 16, 1024, 1536), (4, 6, 2048, 2000)])
 def test_gpu_block_matches_float64_and_replays_in_a_cuda_graph(dtype, n, m, tokens, dim):
-    """On a CUDA device (never run on the CPU-only CI): phase 1 + merges at model widths, and the decode
-    (D-split) plan at 1 token, against the float64 definition on the CPU; then the same block captured in a
-    CUDA graph (no host synchronisation) replays to the same bits."""
+    """On a CUDA device (never run on the CPU-only CI): phase 1 + merges at model widths, the decode (D-split)
+    plan at 1 token and the two-pass phase 1 from 1024 tokens, against the float64 definition on the CPU; then
+    the same block captured in a CUDA graph (no host synchronisation) replays to the same bits."""
     gen = torch.Generator().manual_seed(19)
     values = torch.randn(n, tokens, dim, generator=gen).to(dtype)
     queries = 0.05 * torch.randn(m, dim, generator=gen)
@@ -793,3 +876,20 @@ def test_gpu_block_matches_float64_and_replays_in_a_cuda_graph(dtype, n, m, toke
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured[0], out) and all(torch.equal(a, b) for a, b in zip(captured[2], hs))
+
+
+@gpu
+@pytest.mark.parametrize("tokens", [512, 1024])
+def test_gpu_multi_reads_sources_past_2_31_elements(tokens):
+    """Sources 2^30 + 2^16 elements apart (a 4.3 GB storage): the third source's offset, 2 x STRIDE_N, does not
+    fit int32. The one-kernel (512 tokens) and two-pass (1024) forwards read it as the compact copy does, bit
+    for bit (the same plan)."""
+    n, dim = 3, 256
+    step = 2**30 + 2**16
+    storage = torch.zeros(2 * step + tokens * dim, device="cuda", dtype=torch.bfloat16)
+    values = storage.as_strided((n, tokens, dim), (step, dim, 1))
+    values.copy_(torch.randn(n, tokens, dim, device="cuda"))
+    queries = torch.randn(5, dim, device="cuda")
+    out, lse = fusedops.attn_res_multi(values, queries)
+    ref_out, ref_lse = fusedops.attn_res_multi(values.contiguous(), queries)
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)

@@ -123,22 +123,27 @@ def test_h200_resolves_its_own_rows():
 
 
 def test_block_attn_res_plans_come_from_its_table():
-    """The H200 sweep's plans (bench/NOTES.md, Block AttnRes run 1) come out of block_attn_res/plans.json, and
-    a row ahead of the table changes them: nothing measured is left in the planner's code."""
+    """The H200 sweeps' plans (bench/NOTES.md, Block AttnRes runs 1 and 2) come out of block_attn_res/plans.json,
+    and a row ahead of the table changes them: nothing measured is left in the planner's code."""
     from fusedops.block_attn_res.plan import MergePlan, MultiPlan, merge_plan, multi_plan
 
     h200 = dataclasses.replace(H100, arch="sm90-h200")
-    assert multi_plan(h200, 8192, 9, 8, 7168, 2) == MultiPlan(16, 16, 64, 1, 7168, 528, 4, 4, True, 2, 64)
+    assert multi_plan(h200, 8192, 9, 8, 7168, 2) == MultiPlan(16, 16, 64, 1, 7168, 512, 4, 16, True, 3, 256,
+                                                             two_pass=True, out_warps=1, constant_dim=True)
+    assert multi_plan(h200, 512, 9, 8, 7168, 2) == MultiPlan(16, 16, 64, 4, 1792, 512, 4, 4, True, 2, 64)
     assert multi_plan(h200, 1, 9, 8, 7168, 2) == MultiPlan(16, 16, 64, 112, 64, 112, 4, 4, True, 2, 64)
     assert multi_plan(h200, 8192, 9, 8, 7168, 2, backward=True) == MultiPlan(8, 16, 512, 1, 7168, 132, 8)
-    assert merge_plan(h200, 1, 7168, 2) == MergePlan(1, 4096, 1, 16)
-    assert merge_plan(h200, 8192, 7168, 2) == MergePlan(1, 4096, 528, 4)
+    assert merge_plan(h200, 1, 7168, 2) == MergePlan(1, 8192, 1, 16, True, 1, True)
+    assert merge_plan(h200, 8192, 7168, 2) == MergePlan(1, 8192, 8192, 8, True, 1, True)
     row = next(r for r in plans.table("block_attn_res")["rows"]
                if (r["kernel"], r["arch"]) == ("multi_dot", "sm90-h200"))
-    wider = dict(row, params=dict(row["params"], narrow_tile_d=128))
-    with plans.candidate_rows("block_attn_res", [wider]):
+    changed = dict(row, params=dict(row["params"], narrow_tile_d=128, alpha_tile_d=128, two_pass_min_tokens=4096))
+    with plans.candidate_rows("block_attn_res", [changed]):
+        assert multi_plan(h200, 512, 9, 8, 7168, 2).block_d == 128
         assert multi_plan(h200, 8192, 9, 8, 7168, 2).block_d == 128
-    assert multi_plan(h200, 8192, 9, 8, 7168, 2).block_d == 64
+        assert not multi_plan(h200, 2048, 9, 8, 7168, 2).two_pass
+    assert multi_plan(h200, 512, 9, 8, 7168, 2).block_d == 64
+    assert multi_plan(h200, 2048, 9, 8, 7168, 2).two_pass
 
 
 # ---- forced configurations -------------------------------------------------------------------------------------

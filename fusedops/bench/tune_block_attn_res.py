@@ -2,7 +2,7 @@
 attn_res_multi's forward (the tensor-core kernel's configurations against the planner's choice and the
 CUDA-core kernel) and attn_res_merge's forward, each configuration checked against the planner's result.
 
-    python -m fusedops.bench.tune_block_attn_res [multi] [merge]   (TUNE_S: seconds before it stops, 400)
+    python -m fusedops.bench.tune_block_attn_res [multi] [two-pass] [merge]   (TUNE_S: seconds before it stops, 400)
 
 Prints, per case, every configuration's time and % of the copy bandwidth (bytes as the block bench counts
 them), best first."""
@@ -20,7 +20,9 @@ import triton.testing
 from fusedops.internals import set_wrap_triton_enabled
 
 from fusedops.bench.common import measure_ceiling
-from fusedops.block_attn_res.op import _merge_forward, _multi_forward
+from fusedops import plans
+from fusedops.block_attn_res.op import _merge_forward, _multi_forward, _multi_outputs, _multi_weights
+from fusedops.layout import sources_walk
 from fusedops.block_attn_res.plan import merge_plan, multi_plan
 from fusedops.targets import cuda_target
 
@@ -28,7 +30,7 @@ EPS = 1e-6
 # (N, M, tokens, D)
 MULTI_CASES = [(8, 24, 8192, 7168), (9, 6, 8192, 4096), (4, 16, 32768, 4096), (9, 24, 2048, 7168),
                (9, 24, 512, 7168), (9, 24, 64, 7168), (9, 24, 8, 7168), (9, 24, 1, 7168)]
-MERGE_CASES = [(8192, 7168), (2048, 4096), (32768, 4096), (1, 7168)]
+MERGE_CASES = [(8192, 7168), (2048, 4096), (32768, 4096), (2048, 7168), (8192, 12288), (1, 7168), (64, 7168)]
 DEADLINE = time.monotonic() + float(os.environ.get("TUNE_S", "400"))
 
 
@@ -82,6 +84,84 @@ def sweep_multi(target, ceiling: float) -> None:
         del bank, values
 
 
+def _one_kernel_plan(target, tokens, n, m, dim):
+    """The planner's one-kernel tensor-core forward (the table's row with the two-pass forward off)."""
+    row = next(r for r in plans.table("block_attn_res")["rows"] if r["kernel"] == "multi_dot"
+               and r["vendor"] == "cuda" and r["arch"] == target.arch and not r["when"].get("interpreted"))
+    with plans.candidate_rows("block_attn_res", [dict(row, params=dict(row["params"], two_pass_min_tokens=0))]):
+        return multi_plan(target, tokens, n, m, dim, 2)
+
+
+def sweep_two_pass(target, ceiling: float) -> None:
+    """The two-pass forward: its weights kernel's configurations timed alone, then its output kernel's, then the
+    planner's and the best pair's whole forward against the one-kernel forward."""
+    dev = torch.device("cuda")
+    for case in MULTI_CASES[:3] + [(8, 24, 2048, 7168), (9, 16, 32768, 4096)]:
+        if time.monotonic() > DEADLINE:
+            print("out of time", flush=True)
+            return
+        n, m, tokens, dim = case
+        bank = torch.randn(tokens, n + 2, dim, device=dev, dtype=torch.bfloat16)
+        values = bank[:, :n].movedim(1, 0)
+        queries = 0.05 * torch.randn(m, dim, device=dev)
+        nbytes = (n + m) * tokens * dim * 2 + m * tokens * 4
+        planned = multi_plan(target, tokens, n, m, dim, 2)
+        one = _one_kernel_plan(target, tokens, n, m, dim)
+        ref_out, ref_lse = _multi_forward(values, queries, EPS, target, one)
+        s1, s2, st0, st1, st2 = sources_walk(values)
+        walk = dict(N=n, M=m, T=tokens, D=dim, S1=s1, S2=s2, ST0=st0, ST1=st1, ST2=st2, STRIDE_N=values.stride(0),
+                    DIM=dim)
+        alpha = torch.empty((tokens, m, n), device=dev)
+        lse = torch.empty((m, tokens), device=dev)
+        out = torch.empty_like(ref_out)
+        weights = []
+        for rows, tile, warps, stages in itertools.product((64, 128, 256), (64, 128), (4, 8), (2, 3)):
+            bt = max(1, rows // planned.block_n, -(-16 // planned.block_n))
+            c = dataclasses.replace(planned, block_t=bt, block_d=tile, num_warps=warps, num_stages=stages)
+            weights.append((f"weights rows{bt * planned.block_n} bd{tile} w{warps} s{stages}", c))
+        outputs = []
+        for warps, per_thread in itertools.product((1, 2, 4), (4, 8)):
+            tile = min(1 << (dim - 1).bit_length(), 32 * warps * per_thread)
+            c = dataclasses.replace(planned, block_d2=tile, out_warps=warps)
+            outputs.append((f"outputs bd{tile} w{warps} ({per_thread} x {planned.block_n} a thread)", c))
+        best = {}
+        for part, configs, pass_bytes in (("weights", weights, n * tokens * dim * 2 + m * tokens * 4),
+                                          ("outputs", outputs, (n + m) * tokens * dim * 2)):
+            results = []
+            for name, plan in configs:
+                if time.monotonic() > DEADLINE:
+                    break
+                try:
+                    if part == "weights":
+                        def run():
+                            _multi_weights(values, queries, alpha, lse, EPS, plan, target, walk)
+                        run()
+                        err = (lse - ref_lse).abs().max().item()
+                    else:
+                        def run():
+                            _multi_outputs(values, alpha, out, plan, walk)
+                        run()
+                        err = (out.float() - ref_out.float()).abs().max().item()
+                    results.append((_time(run), name, err))
+                except Exception as e:  # noqa: BLE001
+                    print(f"  {name}: {type(e).__name__}: {str(e)[:120]}", flush=True)
+            if results:
+                best[part] = dict(configs)[min(results)[1]]
+                if part == "weights":  # the outputs sweep reads these weights
+                    _multi_weights(values, queries, alpha, lse, EPS, planned, target, walk)
+            _report(f"{case} {part} (alone)", pass_bytes, ceiling, results)
+        whole = {"planner " + str(planned): planned, "one kernel " + str(one): one}
+        if len(best) == 2:
+            whole["best pair"] = dataclasses.replace(best["weights"], block_d2=best["outputs"].block_d2,
+                                                     out_warps=best["outputs"].out_warps)
+        results = []
+        for name, plan in whole.items():
+            err = (_multi_forward(values, queries, EPS, target, plan)[0].float() - ref_out.float()).abs().max().item()
+            results.append((_time(lambda: _multi_forward(values, queries, EPS, target, plan)), name, err))
+        _report(f"{case} whole forward", nbytes, ceiling, results)
+        del bank, values, alpha, out
+
+
 def sweep_merge(target, ceiling: float) -> None:
     dev = torch.device("cuda")
     for case in MERGE_CASES:
@@ -101,14 +181,26 @@ def sweep_merge(target, ceiling: float) -> None:
         planned = merge_plan(target, tokens, dim, 2)
         ref = run(planned)[0].float()
         candidates = {"planner " + str(planned): planned}
-        for bt, bd, warps in itertools.product((1, 2, 4, 8), (1024, 2048, 4096, 8192), (4, 8, 16)):
-            if bt * bd > 16384 or bt > max(1, tokens):
+        tiled = dataclasses.replace(planned, whole_row=False, blocks_per_program=0, constant_dim=False)
+        for bt, bd, warps in itertools.product((1, 2), (2048, 4096, 8192), (8, 16)):
+            if bt * bd > 16384 or bt > max(1, tokens) or bd > 2 * dim:
                 continue
-            blocks = -(-tokens // bt)
-            for per_sm in (2, 4, 8):
-                grid = max(1, min(blocks, target.vector_cores * per_sm))
-                candidates[f"bt{bt} bd{bd} w{warps} {per_sm}/SM"] = dataclasses.replace(
-                    planned, block_t=bt, block_d=bd, num_warps=warps, grid=grid)
+            for per_sm in (2, 4):
+                grid = max(1, min(-(-tokens // bt), target.vector_cores * per_sm))
+                candidates[f"tiles bt{bt} bd{bd} w{warps} {per_sm}/SM"] = dataclasses.replace(
+                    tiled, block_t=bt, block_d=bd, num_warps=warps, grid=grid)
+        whole = dataclasses.replace(planned, block_t=1, block_d=1 << (dim - 1).bit_length(), whole_row=True,
+                                    constant_dim=True)
+        for warps in (4, 8, 16):
+            for per_program in (1, 2):
+                candidates[f"whole w{warps} {per_program} tok/program"] = dataclasses.replace(
+                    whole, num_warps=warps, blocks_per_program=per_program, grid=-(-tokens // per_program))
+            for per_sm in (1, 2, 4):
+                candidates[f"whole w{warps} {per_sm}/SM"] = dataclasses.replace(
+                    whole, num_warps=warps, blocks_per_program=0,
+                    grid=max(1, min(tokens, target.vector_cores * per_sm)))
+            candidates[f"whole w{warps} 1 tok/program, D not constant"] = dataclasses.replace(
+                whole, num_warps=warps, blocks_per_program=1, grid=tokens, constant_dim=False)
         results = []
         for name, plan in candidates.items():
             if time.monotonic() > DEADLINE:
@@ -130,7 +222,7 @@ def main() -> None:
     # Launch directly, as the op does (outside a triton_op body wrap_triton costs ~1 ms of host time a launch).
     with set_wrap_triton_enabled(False), torch.no_grad():
         for part in parts:
-            {"multi": sweep_multi, "merge": sweep_merge}[part](target, ceiling)
+            {"multi": sweep_multi, "two-pass": sweep_two_pass, "merge": sweep_merge}[part](target, ceiling)
 
 
 if __name__ == "__main__":

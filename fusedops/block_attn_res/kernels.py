@@ -154,7 +154,7 @@ def attn_res_multi_fwd_dot_kernel(
         t0 = tl.cast(block, tl.int64) * BLOCK_T
         t_r = t0 + r // BLOCK_N
         r_mask = (i_r < N) & (t_r < T)
-        rows = _token_rows(t_r, S1, S2, ST0, ST1, ST2) + i_r * STRIDE_N
+        rows = _token_rows(t_r, S1, S2, ST0, ST1, ST2) + i_r.to(tl.int64) * STRIDE_N
         sq = tl.zeros([BLOCK_T * BLOCK_N], tl.float32)
         dot = tl.zeros([BLOCK_T * BLOCK_N, BLOCK_M], tl.float32)
         for d0 in range(0, D, BLOCK_D):
@@ -194,6 +194,95 @@ def attn_res_multi_fwd_dot_kernel(
                 o = tl.dot(alpha, x.to(tl.float32), input_precision="tf32x3")
             tl.store(out_ptr + out_rows + d[None, None, :], o.to(out_ptr.dtype.element_ty),
                      mask=tm_mask[:, :, None] & d_mask[None, None, :])
+
+
+@triton.jit
+def _logit_tile(v_ptr, q_ptr, rows, r_mask, m, m_mask, D, QS, eps, BLOCK_R: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_D: tl.constexpr, BF16: tl.constexpr):
+    """Logits [BLOCK_R, BLOCK_M] of source rows `rows` (element offsets, masked by r_mask) against every query,
+    rstd(row) <q_l, row>, on tensor cores (see attn_res_multi_fwd_dot_kernel for the split)."""
+    sq = tl.zeros([BLOCK_R], tl.float32)
+    dot = tl.zeros([BLOCK_R, BLOCK_M], tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        d = d0 + tl.arange(0, BLOCK_D)
+        d_mask = d < D
+        x = tl.load(v_ptr + rows[:, None] + d[None, :], mask=r_mask[:, None] & d_mask[None, :], other=0.0)
+        q = tl.load(q_ptr + m[:, None] * QS + d[None, :], mask=m_mask[:, None] & d_mask[None, :],
+                    other=0.0).to(tl.float32)
+        xf = x.to(tl.float32)
+        sq += tl.sum(xf * xf, axis=1)
+        if BF16:
+            dot = _split_dot(x, tl.trans(q), dot, False)
+        else:
+            dot = tl.dot(xf, tl.trans(q), dot, input_precision="tf32x3")
+    return dot * tl.rsqrt(sq / D + eps)[:, None]
+
+
+@triton.jit
+def attn_res_multi_alpha_kernel(
+    v_ptr, q_ptr, alpha_ptr, lse_ptr,
+    N, M, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, QS, eps,
+    BLOCK_T: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BF16: tl.constexpr,
+    DIM: tl.constexpr = 0,
+):
+    """Pass 1 of the two-pass forward, BLOCK_T tokens a program: the softmax weights alpha [T, M, N] float32
+    (alpha[t, l, i] = softmax_i(s_{l,i})) and lse [M, T]. The logits are one [BLOCK_T * BLOCK_N, D] x [D, BLOCK_M]
+    product, so each query tile is read once per BLOCK_T tokens (16/32-bit values; every dot dimension >= 16).
+    DIM > 0: D as a compile-time constant (D == DIM)."""
+    if DIM > 0:
+        D = DIM
+    eps = tl.cast(eps, tl.float32)  # Inductor passes Python floats as fp64
+    r = tl.arange(0, BLOCK_T * BLOCK_N)
+    i_r = r % BLOCK_N
+    t_r = tl.program_id(0).to(tl.int64) * BLOCK_T + r // BLOCK_N
+    r_mask = (i_r < N) & (t_r < T)
+    m = tl.arange(0, BLOCK_M)
+    m_mask = m < M
+    n = tl.arange(0, BLOCK_N)
+    rows = _token_rows(t_r, S1, S2, ST0, ST1, ST2) + i_r.to(tl.int64) * STRIDE_N
+    logits = _logit_tile(v_ptr, q_ptr, rows, r_mask, m, m_mask, D, QS, eps, BLOCK_T * BLOCK_N, BLOCK_M, BLOCK_D,
+                         BF16)
+    s = tl.where((n < N)[None, :, None], tl.reshape(logits, (BLOCK_T, BLOCK_N, BLOCK_M)), float("-inf"))
+    mx = tl.max(s, axis=1)
+    p = tl.exp(s - _finite_or_zero(mx)[:, None, :])
+    denom = tl.sum(p, axis=1)
+    alpha = tl.reshape(p / denom[:, None, :], (BLOCK_T * BLOCK_N, BLOCK_M))
+    tl.store(alpha_ptr + (t_r[:, None] * M + m[None, :]) * N + i_r[:, None], alpha,
+             mask=r_mask[:, None] & m_mask[None, :])
+    t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    tl.store(lse_ptr + m[None, :] * T + t[:, None], mx + tl.log(denom), mask=(t < T)[:, None] & m_mask[None, :])
+
+
+@triton.jit
+def attn_res_multi_out_kernel(
+    v_ptr, alpha_ptr, out_ptr,
+    N, M, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, OUT_STEP,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, F64: tl.constexpr, DIM: tl.constexpr = 0,
+):
+    """Pass 2 of the two-pass forward, one token and BLOCK_D features a program (program pid: token
+    pid // cdiv(D, BLOCK_D)): the token's N <= BLOCK_N rows are held as one [BLOCK_D, BLOCK_N] tile, then each
+    query's output row out[l, t, d] = sum_i alpha[t, l, i] v_i[t, d] is summed over the rows and written before
+    the next query's (exact products, sums in ACC). With BLOCK_D a multiple of the threads' 16-byte vectors, a
+    thread holds all BLOCK_N rows of its features, so the sum stays in its registers. out is [M, T, D]
+    contiguous (OUT_STEP = T * D). DIM > 0: D as a compile-time constant (D == DIM)."""
+    if DIM > 0:
+        D = DIM
+    ACC = tl.float64 if F64 else tl.float32
+    tiles = tl.cdiv(D, BLOCK_D)
+    t = tl.program_id(0).to(tl.int64) // tiles
+    d = (tl.program_id(0) % tiles) * BLOCK_D + tl.arange(0, BLOCK_D)
+    d_mask = d < D
+    n = tl.arange(0, BLOCK_N)
+    n_mask = n < N
+    rows = _token_rows(t, S1, S2, ST0, ST1, ST2) + n.to(tl.int64)[None, :] * STRIDE_N
+    x = tl.load(v_ptr + rows + d[:, None], mask=d_mask[:, None] & n_mask[None, :], other=0.0).to(ACC)
+    weights = alpha_ptr + t * M * N + n
+    dst = out_ptr + t * D + d
+    for _ in range(M):
+        w = tl.load(weights, mask=n_mask, other=0.0).to(ACC)
+        tl.store(dst, tl.sum(x * w[None, :], axis=1).to(out_ptr.dtype.element_ty), mask=d_mask)
+        weights += N
+        dst += OUT_STEP
 
 
 @triton.jit
@@ -321,50 +410,109 @@ def _grad_h(gy, h, gain_ptr, d, d_mask, r, c, D, HAS_GAIN: tl.constexpr, ACC: tl
 
 
 @triton.jit
+def _merge_whole_rows(o_ptr, lse_ptr, p_ptr, a1_ptr, a2_ptr, q_ptr, gain_ptr, y_ptr, pn_ptr, t, t_mask, D, O_ST, P_ST,
+                      A1_ST, A2_ST, PN_ST, eps, norm_eps, NUM_ADD: tl.constexpr, STORE_P: tl.constexpr,
+                      HAS_GAIN: tl.constexpr, BLOCK_D: tl.constexpr, ACC: tl.constexpr):
+    """attn_res_merge_fwd_kernel's work for rows t when BLOCK_D >= D: every input tile is loaded once."""
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < D
+    mask = t_mask[:, None] & d_mask[None, :]
+    x = _merged_tile(p_ptr, a1_ptr, a2_ptr, t, d, mask, P_ST, A1_ST, A2_ST, NUM_ADD, ACC)
+    if STORE_P:
+        tl.store(pn_ptr + t[:, None] * PN_ST + d[None, :], x.to(pn_ptr.dtype.element_ty), mask=mask)
+    q = tl.load(q_ptr + d, mask=d_mask, other=0.0).to(ACC)
+    rp = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)
+    s = tl.sum(x * q[None, :], axis=1) * rp
+    w_o, w_p = _merge_weights(tl.load(lse_ptr + t, mask=t_mask, other=0.0).to(ACC), s)
+    o, h = _mixed_tile(o_ptr, t, d, mask, O_ST, w_o, w_p, x, ACC)
+    if HAS_GAIN:
+        r = tl.rsqrt(tl.sum(h * h, axis=1) / D + norm_eps)
+        h = h * r[:, None] * tl.load(gain_ptr + d, mask=d_mask, other=0.0).to(ACC)[None, :]
+    tl.store(y_ptr + t[:, None] * D + d[None, :], h.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _merge_tiled_rows(o_ptr, lse_ptr, p_ptr, a1_ptr, a2_ptr, q_ptr, gain_ptr, y_ptr, pn_ptr, t, t_mask, D, O_ST, P_ST,
+                      A1_ST, A2_ST, PN_ST, eps, norm_eps, NUM_ADD: tl.constexpr, STORE_P: tl.constexpr,
+                      HAS_GAIN: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, ACC: tl.constexpr):
+    """attn_res_merge_fwd_kernel's work for rows t in D tiles of BLOCK_D: pass 1 gets s (and writes P), pass 2
+    (HAS_GAIN) the norm of h, the last pass writes y; each later pass re-reads the tiles the first one just
+    read (so pn must not overlap the inputs)."""
+    s, rp = _merged_logit(p_ptr, a1_ptr, a2_ptr, pn_ptr, q_ptr, t, t_mask, D, P_ST, A1_ST, A2_ST, PN_ST, eps,
+                          NUM_ADD, STORE_P, BLOCK_T, BLOCK_D, ACC)
+    lse = tl.load(lse_ptr + t, mask=t_mask, other=0.0).to(ACC)
+    w_o, w_p = _merge_weights(lse, s)
+    r = tl.zeros([BLOCK_T], ACC) + 1.0
+    if HAS_GAIN:
+        hsq = tl.zeros([BLOCK_T], ACC)
+        for d0 in range(0, D, BLOCK_D):
+            d = d0 + tl.arange(0, BLOCK_D)
+            mask = t_mask[:, None] & (d < D)[None, :]
+            x = _merged_tile(p_ptr, a1_ptr, a2_ptr, t, d, mask, P_ST, A1_ST, A2_ST, NUM_ADD, ACC)
+            o, h = _mixed_tile(o_ptr, t, d, mask, O_ST, w_o, w_p, x, ACC)
+            hsq += tl.sum(h * h, axis=1)
+        r = tl.rsqrt(hsq / D + norm_eps)
+    for d0 in range(0, D, BLOCK_D):
+        d = d0 + tl.arange(0, BLOCK_D)
+        d_mask = d < D
+        mask = t_mask[:, None] & d_mask[None, :]
+        x = _merged_tile(p_ptr, a1_ptr, a2_ptr, t, d, mask, P_ST, A1_ST, A2_ST, NUM_ADD, ACC)
+        o, h = _mixed_tile(o_ptr, t, d, mask, O_ST, w_o, w_p, x, ACC)
+        if HAS_GAIN:
+            h = h * r[:, None] * tl.load(gain_ptr + d, mask=d_mask, other=0.0).to(ACC)[None, :]
+        tl.store(y_ptr + t[:, None] * D + d[None, :], h.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _merge_block(o_ptr, lse_ptr, p_ptr, a1_ptr, a2_ptr, q_ptr, gain_ptr, y_ptr, pn_ptr, block, T, D, O_ST, P_ST,
+                 A1_ST, A2_ST, PN_ST, eps, norm_eps, NUM_ADD: tl.constexpr, STORE_P: tl.constexpr,
+                 HAS_GAIN: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, WHOLE_ROW: tl.constexpr,
+                 ACC: tl.constexpr):
+    t = block * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)
+    t_mask = t < T
+    if WHOLE_ROW:
+        _merge_whole_rows(o_ptr, lse_ptr, p_ptr, a1_ptr, a2_ptr, q_ptr, gain_ptr, y_ptr, pn_ptr, t, t_mask, D, O_ST,
+                          P_ST, A1_ST, A2_ST, PN_ST, eps, norm_eps, NUM_ADD, STORE_P, HAS_GAIN, BLOCK_D, ACC)
+    else:
+        _merge_tiled_rows(o_ptr, lse_ptr, p_ptr, a1_ptr, a2_ptr, q_ptr, gain_ptr, y_ptr, pn_ptr, t, t_mask, D, O_ST,
+                          P_ST, A1_ST, A2_ST, PN_ST, eps, norm_eps, NUM_ADD, STORE_P, HAS_GAIN, BLOCK_T, BLOCK_D, ACC)
+
+
+@triton.jit
 def attn_res_merge_fwd_kernel(
     o_ptr, lse_ptr, p_ptr, a1_ptr, a2_ptr, q_ptr, gain_ptr, y_ptr, pn_ptr,
     T, D, O_ST, P_ST, A1_ST, A2_ST, PN_ST, eps, norm_eps,
     NUM_ADD: tl.constexpr, STORE_P: tl.constexpr, HAS_GAIN: tl.constexpr, BLOCK_T: tl.constexpr,
-    BLOCK_D: tl.constexpr, F64: tl.constexpr,
+    BLOCK_D: tl.constexpr, F64: tl.constexpr, WHOLE_ROW: tl.constexpr = False, DIM: tl.constexpr = 0,
+    BLOCKS: tl.constexpr = 0,
 ):
-    """Phase 2 of Block AttnRes for BLOCK_T tokens per step of a persistent program:
+    """Phase 2 of Block AttnRes for blocks of BLOCK_T tokens:
       P = p + a1 + a2 (rounded once to p's dtype; with STORE_P written to pn, rows PN_ST apart: a new tensor
       or a slot of the caller's bank),
       s = rstd(P) <q, P>,  h = w_o out + w_p P  with (w_o, w_p) = softmax(lse, s),
       y = h, or with HAS_GAIN rmsnorm(h, norm_eps) * gain.
     Rows of o, p, a1, a2 are O_ST.. elements apart (a bank slot is read in place); y is [T, D] contiguous.
-    Pass 1 gets s (and writes P), pass 2 (HAS_GAIN) the norm of h, the last pass writes y; each later pass
-    re-reads the tiles the first one just read (so pn must not overlap the inputs)."""
+    WHOLE_ROW (BLOCK_D >= D): each input tile is loaded once; else the row is walked in BLOCK_D tiles, once
+    per pass. BLOCKS > 0: program pid takes token blocks pid * BLOCKS ... + BLOCKS - 1 (grid = cdiv(T,
+    BLOCK_T * BLOCKS)); 0: blocks pid, pid + grid, ... DIM > 0: D as a compile-time constant (D == DIM)."""
+    if DIM > 0:
+        D = DIM
     ACC = tl.float64 if F64 else tl.float32
     eps = tl.cast(eps, ACC)
     norm_eps = tl.cast(norm_eps, ACC)
     pid = tl.program_id(0)
-    for block in range(pid, tl.cdiv(T, BLOCK_T), tl.num_programs(0)):
-        t = block * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)
-        t_mask = t < T
-        s, rp = _merged_logit(p_ptr, a1_ptr, a2_ptr, pn_ptr, q_ptr, t, t_mask, D, P_ST, A1_ST, A2_ST, PN_ST, eps,
-                              NUM_ADD, STORE_P, BLOCK_T, BLOCK_D, ACC)
-        lse = tl.load(lse_ptr + t, mask=t_mask, other=0.0).to(ACC)
-        w_o, w_p = _merge_weights(lse, s)
-        r = tl.zeros([BLOCK_T], ACC) + 1.0
-        if HAS_GAIN:
-            hsq = tl.zeros([BLOCK_T], ACC)
-            for d0 in range(0, D, BLOCK_D):
-                d = d0 + tl.arange(0, BLOCK_D)
-                mask = t_mask[:, None] & (d < D)[None, :]
-                x = _merged_tile(p_ptr, a1_ptr, a2_ptr, t, d, mask, P_ST, A1_ST, A2_ST, NUM_ADD, ACC)
-                o, h = _mixed_tile(o_ptr, t, d, mask, O_ST, w_o, w_p, x, ACC)
-                hsq += tl.sum(h * h, axis=1)
-            r = tl.rsqrt(hsq / D + norm_eps)
-        for d0 in range(0, D, BLOCK_D):
-            d = d0 + tl.arange(0, BLOCK_D)
-            d_mask = d < D
-            mask = t_mask[:, None] & d_mask[None, :]
-            x = _merged_tile(p_ptr, a1_ptr, a2_ptr, t, d, mask, P_ST, A1_ST, A2_ST, NUM_ADD, ACC)
-            o, h = _mixed_tile(o_ptr, t, d, mask, O_ST, w_o, w_p, x, ACC)
-            if HAS_GAIN:
-                h = h * r[:, None] * tl.load(gain_ptr + d, mask=d_mask, other=0.0).to(ACC)[None, :]
-            tl.store(y_ptr + t[:, None] * D + d[None, :], h.to(y_ptr.dtype.element_ty), mask=mask)
+    if BLOCKS > 0:
+        for i in tl.static_range(BLOCKS):
+            block = pid.to(tl.int64) * BLOCKS + i
+            if block * BLOCK_T < T:
+                _merge_block(o_ptr, lse_ptr, p_ptr, a1_ptr, a2_ptr, q_ptr, gain_ptr, y_ptr, pn_ptr, block, T, D,
+                             O_ST, P_ST, A1_ST, A2_ST, PN_ST, eps, norm_eps, NUM_ADD, STORE_P, HAS_GAIN, BLOCK_T,
+                             BLOCK_D, WHOLE_ROW, ACC)
+    else:
+        for block in range(pid, tl.cdiv(T, BLOCK_T), tl.num_programs(0)):
+            _merge_block(o_ptr, lse_ptr, p_ptr, a1_ptr, a2_ptr, q_ptr, gain_ptr, y_ptr, pn_ptr, block, T, D, O_ST,
+                         P_ST, A1_ST, A2_ST, PN_ST, eps, norm_eps, NUM_ADD, STORE_P, HAS_GAIN, BLOCK_T, BLOCK_D,
+                         WHOLE_ROW, ACC)
 
 
 @triton.jit

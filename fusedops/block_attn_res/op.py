@@ -27,9 +27,11 @@ from . import reference
 from .kernels import (
     attn_res_merge_bwd_kernel,
     attn_res_merge_fwd_kernel,
+    attn_res_multi_alpha_kernel,
     attn_res_multi_bwd_kernel,
     attn_res_multi_fwd_dot_kernel,
     attn_res_multi_fwd_kernel,
+    attn_res_multi_out_kernel,
 )
 from .plan import MergePlan, MultiPlan, merge_plan, multi_plan
 from .sources import stack_sources
@@ -66,6 +68,9 @@ def _multi_forward(values: Tensor, queries: Tensor, eps: float, target: Target,
     values, queries = walkable_sources(values), unit_last_stride(queries)
     s1, s2, st0, st1, st2 = sources_walk(values)
     plan = plan or multi_plan(target, tokens, n, m, dim, values.element_size())
+    if plan.two_pass:
+        _two_pass_forward(values, queries, out, lse, eps, plan, target, tokens, s1, s2, st0, st1, st2)
+        return out, lse
     if plan.dot:
         launch(attn_res_multi_fwd_dot_kernel, (plan.grid,),
                dict(v_ptr=values, q_ptr=queries, out_ptr=out, lse_ptr=lse, N=n, M=m, T=tokens, D=dim, S1=s1,
@@ -84,6 +89,35 @@ def _multi_forward(values: Tensor, queries: Tensor, eps: float, target: Target,
            dict(SPLITS=plan.splits, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d,
                 F64=values.dtype == torch.float64, num_warps=plan.num_warps))
     return out, lse
+
+
+def _two_pass_forward(values, queries, out, lse, eps, plan: MultiPlan, target: Target, tokens, s1, s2, st0, st1,
+                      st2) -> None:
+    n, dim, m = values.shape[0], values.shape[-1], queries.shape[0]
+    walk = dict(N=n, M=m, T=tokens, D=dim, S1=s1, S2=s2, ST0=st0, ST1=st1, ST2=st2, STRIDE_N=values.stride(0),
+                DIM=dim if plan.constant_dim and isinstance(dim, int) else 0)
+    alpha = torch.empty((tokens, m, n), dtype=torch.float32, device=values.device)
+    _multi_weights(values, queries, alpha, lse, eps, plan, target, walk)
+    _multi_outputs(values, alpha, out, plan, walk)
+
+
+def _multi_weights(values, queries, alpha, lse, eps, plan: MultiPlan, target: Target, walk: dict) -> None:
+    """The two-pass forward's first kernel: alpha [T, M, N] float32 and lse."""
+    launch(attn_res_multi_alpha_kernel, (-(-walk["T"] // plan.block_t),),
+           dict(v_ptr=values, q_ptr=queries, alpha_ptr=alpha, lse_ptr=lse, QS=queries.stride(0), eps=eps,
+                **{k: v for k, v in walk.items() if k != "DIM"}),
+           dict(BLOCK_T=plan.block_t, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d,
+                # the interpreter's bfloat16 tl.dot is wrong: there bfloat16 takes the tf32x3 path
+                BF16=values.dtype == torch.bfloat16 and not target.interpreted, DIM=walk["DIM"],
+                num_warps=plan.num_warps, num_stages=plan.num_stages))
+
+
+def _multi_outputs(values, alpha, out, plan: MultiPlan, walk: dict) -> None:
+    """The two-pass forward's second kernel: out from alpha and the rows."""
+    launch(attn_res_multi_out_kernel, (walk["T"] * -(-walk["D"] // plan.block_d2),),
+           dict(v_ptr=values, alpha_ptr=alpha, out_ptr=out, OUT_STEP=walk["T"] * walk["D"],
+                **{k: v for k, v in walk.items() if k != "DIM"}),
+           dict(BLOCK_N=plan.block_n, BLOCK_D=plan.block_d2, F64=False, DIM=walk["DIM"], num_warps=plan.out_warps))
 
 
 def _multi_backward(grad_out: Optional[Tensor], grad_lse: Optional[Tensor], values: Tensor, queries: Tensor,
@@ -285,13 +319,16 @@ def _merge_forward(out, lse, partial, query, addend, addend2, gain, eps, norm_ep
         raise ValueError("partial_out's batch dims must merge into one strided dim with a unit last stride "
                          f"(a bank slot), got strides {partial_out.stride()}")
     query, gain, lse = unit_last_stride(query), unit_last_stride(gain), lse.contiguous()
-    launch(attn_res_merge_fwd_kernel, (plan.grid,),
+    per_program = plan.block_t * plan.blocks_per_program
+    # blocks_per_program > 0: the grid follows from it, so a forced value cannot leave tokens out
+    launch(attn_res_merge_fwd_kernel, (-(-tokens // per_program) if per_program else plan.grid,),
            dict(o_ptr=o, lse_ptr=lse, p_ptr=p, a1_ptr=p if a1 is None else a1, a2_ptr=p if a2 is None else a2,
                 q_ptr=query, gain_ptr=query if gain is None else gain, y_ptr=y, pn_ptr=pn if store else y,
                 T=tokens, D=dim, O_ST=o_st, P_ST=p_st, A1_ST=a1_st, A2_ST=a2_st, PN_ST=pn_st, eps=eps,
                 norm_eps=norm_eps),
            dict(NUM_ADD=num_add, STORE_P=store, HAS_GAIN=gain is not None, BLOCK_T=plan.block_t, BLOCK_D=plan.block_d,
-                F64=out.dtype == torch.float64, num_warps=plan.num_warps))
+                F64=out.dtype == torch.float64, WHOLE_ROW=plan.whole_row, BLOCKS=plan.blocks_per_program,
+                DIM=dim if plan.constant_dim and isinstance(dim, int) else 0, num_warps=plan.num_warps))
     return y, p_new
 
 

@@ -76,6 +76,9 @@ class MultiPlan:
     dot: bool = False  # the forward on tensor cores (attn_res_multi_fwd_dot_kernel)
     num_stages: int = 2
     block_d2: int = 0  # features per tile of the tensor-core forward's output pass
+    two_pass: bool = False  # the forward as two kernels: weights (block_t tokens a program), then outputs
+    out_warps: int = 4  # the two-pass output kernel's warps (its feature tile is block_d2)
+    constant_dim: bool = False  # the two-pass kernels take D as a compile-time constant
 
 
 @memoize
@@ -106,7 +109,7 @@ def multi_plan(target: Target, tokens: int, sources: int, queries: int, dim: int
         return MultiPlan(block_m, block_n, block_d, 1, d_tiles * block_d, grid, warps)
     hint = max(1, size_hint(tokens))
     if dot and row["dot"] and elem_size != 8:  # float64 never runs on tensor cores
-        return _dot_plan(target, tokens, hint, sources, queries, dim, tile_t, tile_d)
+        return _dot_plan(target, tokens, hint, sources, queries, dim, elem_size, tile_t, tile_d)
     splits = max(1, min(d_tiles, slots // hint)) if hint < slots else 1
     per_split = -(-d_tiles // splits)
     splits = -(-d_tiles // per_split)  # no empty split
@@ -121,6 +124,9 @@ class MergePlan:
     block_d: int
     grid: int
     num_warps: int = 4
+    whole_row: bool = False  # forward: block_d >= D, each input tile loaded once (else one walk per pass)
+    blocks_per_program: int = 0  # forward: > 0 launches cdiv(token blocks, it) programs, 0 a persistent grid
+    constant_dim: bool = False  # forward: D a compile-time constant (one compile per D)
 
 
 @memoize
@@ -136,12 +142,16 @@ def merge_plan(target: Target, tokens: int, dim: int, elem_size: int, *, backwar
     slots = target.vector_cores * target.resident
     row = _row("merge_bwd" if backward else "merge_fwd", target)
     if not backward and row["one_row"]:
-        # One row a step in tiles of at most tile_d features; more warps where there are fewer rows than
-        # resident programs (a decode step).
-        block_d = min(next_pow2(dim), row["tile_d"])
+        # One row a step: the whole row where next_pow2(D) <= whole_row_d (one program per token, a grid of
+        # `tokens`), else tiles of at most tile_d features on a persistent grid; more warps where there are
+        # fewer rows than resident programs (a decode step).
+        whole = next_pow2(dim) <= row["whole_row_d"]
+        block_d = next_pow2(dim) if whole else min(next_pow2(dim), row["tile_d"])
         few = dict(row, elements_per_warp=row["few_rows_elements_per_warp"])
         warps = _warps(few, block_d) if hint < slots else min(row["many_rows_max_warps"], _warps(row, block_d))
-        return MergePlan(1, block_d, target.grid_size(tokens, persistent=True), warps)
+        grid = tokens if whole else target.grid_size(tokens, persistent=True)
+        return MergePlan(1, block_d, grid, warps, whole_row=whole, blocks_per_program=1 if whole else 0,
+                         constant_dim=row["constant_dim"])
     largest = _capped(max(prev_pow2(budget), min_row), min_row, row["tile_elements"], 1)
     block_d = max(min(next_pow2(dim), largest), min_row)
     block_t = max(1, min(prev_pow2(max(1, largest // block_d)), next_pow2(hint)))
@@ -160,10 +170,13 @@ def merge_plan(target: Target, tokens: int, dim: int, elem_size: int, *, backwar
 DOT_MIN = 16
 
 
-def _dot_plan(target: Target, tokens: int, hint: int, sources: int, queries: int, dim: int, block_t: int,
-              block_d: int) -> MultiPlan:
+def _dot_plan(target: Target, tokens: int, hint: int, sources: int, queries: int, dim: int, elem_size: int,
+              block_t: int, block_d: int) -> MultiPlan:
     row = _row("multi_dot", target)
     block_m = max(DOT_MIN, next_pow2(queries))
+    if (row["two_pass_min_tokens"] and hint >= row["two_pass_min_tokens"]
+            and next_pow2(sources) <= row["two_pass_max_sources"]):
+        return _two_pass_plan(target, row, tokens, hint, sources, block_m, dim, elem_size, block_t, block_d)
     block_n = pow2_at_least(sources, DOT_MIN)
     slots = target.vector_cores * target.resident
     block_t = block_t or max(1, row["rows"] // block_n)
@@ -183,6 +196,25 @@ def _dot_plan(target: Target, tokens: int, hint: int, sources: int, queries: int
     token_programs = target.grid_size(-(-tokens // block_t), persistent=True)
     return MultiPlan(block_m, block_n, block_d, splits, per_split * block_d2, token_programs * splits,
                      row["num_warps"], block_t, True, row["num_stages"], block_d2)
+
+
+def _two_pass_plan(target: Target, row: dict, tokens: int, hint: int, sources: int, block_m: int, dim: int,
+                   elem_size: int, block_t: int, block_d: int) -> MultiPlan:
+    """The forward as two kernels: the softmax weights of block_t tokens a program, their logits one [block_t *
+    block_n, D] x [D, block_m] product (up to alpha_rows rows: each query tile serves block_t tokens; fewer where
+    the tokens would not give every core a program), then the outputs, one token and block_d2 features a
+    program: a 16-byte vector of each of the token's rows a thread (narrower vectors spread the rows over
+    threads and ran 4-40x slower). The rows are read twice: a token's logits need all of D before any output,
+    and the one-kernel form keeps only a few tokens' rows in cache for its second pass (bench/NOTES.md, Block
+    AttnRes run 2)."""
+    block_n = next_pow2(sources)
+    block_t = block_t or max(min(row["alpha_rows"] // block_n, prev_pow2(max(1, hint // target.vector_cores))),
+                             -(-DOT_MIN // block_n), 1)
+    block_d = max(DOT_MIN, min(next_pow2(dim), block_d or row["alpha_tile_d"]))
+    block_d2 = min(next_pow2(dim), 32 * row["out_warps"] * max(1, 16 // elem_size))
+    return MultiPlan(block_m, block_n, block_d, 1, dim, -(-tokens // block_t), row["alpha_warps"], block_t, True,
+                     row["alpha_stages"], block_d2, two_pass=True, out_warps=row["out_warps"],
+                     constant_dim=row["constant_dim"])
 
 
 on_reload(multi_plan.cache_clear)
