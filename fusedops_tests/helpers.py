@@ -28,7 +28,11 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 HAS_CUDA = torch.cuda.is_available()
 INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
-gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+
+
+def gpu(test):
+    """A test that needs a CUDA device: marked `gpu` (what `pytest -m gpu` selects) and skipped elsewhere."""
+    return pytest.mark.gpu(pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")(test))
 
 
 def _put_env(name: str, value: Optional[str]) -> None:

@@ -128,8 +128,9 @@ def test_block_attn_res_plans_come_from_its_table():
     from fusedops.block_attn_res.plan import MergePlan, MultiPlan, merge_plan, multi_plan
 
     h200 = dataclasses.replace(H100, arch="sm90-h200")
-    assert multi_plan(h200, 8192, 9, 8, 7168, 2) == MultiPlan(16, 16, 64, 1, 7168, 512, 4, 16, True, 3, 256,
-                                                             two_pass=True, out_warps=1, constant_dim=True)
+    assert multi_plan(h200, 8192, 9, 8, 7168, 2) == MultiPlan(16, 8, 64, 1, 7168, 576, 8, 128, True, 3, 256,
+                                                             two_pass=True, tail_rows=1, out_warps=1,
+                                                             constant_dim=True)
     assert multi_plan(h200, 512, 9, 8, 7168, 2) == MultiPlan(16, 16, 64, 4, 1792, 512, 4, 4, True, 2, 64)
     assert multi_plan(h200, 1, 9, 8, 7168, 2) == MultiPlan(16, 16, 64, 112, 64, 112, 4, 4, True, 2, 64)
     assert multi_plan(h200, 8192, 9, 8, 7168, 2, backward=True) == MultiPlan(8, 16, 512, 1, 7168, 132, 8)
@@ -137,7 +138,7 @@ def test_block_attn_res_plans_come_from_its_table():
     assert merge_plan(h200, 8192, 7168, 2) == MergePlan(1, 8192, 8192, 8, True, 1, True)
     row = next(r for r in plans.table("block_attn_res")["rows"]
                if (r["kernel"], r["arch"]) == ("multi_dot", "sm90-h200"))
-    changed = dict(row, params=dict(row["params"], narrow_tile_d=128, alpha_tile_d=128, two_pass_min_tokens=4096))
+    changed = dict(row, params=dict(row["params"], narrow_tile_d=128, logit_tile_d=128, two_pass_min_tokens=4096))
     with plans.candidate_rows("block_attn_res", [changed]):
         assert multi_plan(h200, 512, 9, 8, 7168, 2).block_d == 128
         assert multi_plan(h200, 8192, 9, 8, 7168, 2).block_d == 128

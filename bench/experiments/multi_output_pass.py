@@ -33,7 +33,8 @@ def _dot(a, b, acc, SPLIT_A: tl.constexpr, EXACT: tl.constexpr):
 def multi_output_variant_kernel(
     v_ptr, q_ptr, out_ptr, lse_ptr, N, M, T, D, STRIDE_T, STRIDE_N, QS, OUT_STEP, eps,
     BLOCK_T: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_D2: tl.constexpr, FORM: tl.constexpr, DIM: tl.constexpr, PERSISTENT: tl.constexpr, EXACT: tl.constexpr = False,
+    BLOCK_D2: tl.constexpr, FORM: tl.constexpr, DIM: tl.constexpr, PERSISTENT: tl.constexpr,
+    EXACT: tl.constexpr = False,
 ):
     if DIM > 0:
         D = DIM

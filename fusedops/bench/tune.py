@@ -42,10 +42,10 @@ CANDIDATES = {
     },
     "block_attn_res": {
         "multi_fwd": {"tile_elements": [4096, 8192, 16384]},
-        "multi_dot": {"rows": [32, 64, 128], "wide_tile_d": [64, 128, 256], "narrow_tile_d": [32, 64, 128],
-                      "alpha_rows": [128, 256], "alpha_tile_d": [64, 128], "out_warps": [1, 2, 4]},
+        # the two-pass keys (logit_*, out_warps) are swept kernel by kernel: fusedops.bench.tune_block_attn_res two-pass
+        "multi_dot": {"rows": [32, 64, 128], "wide_tile_d": [64, 128, 256], "narrow_tile_d": [32, 64, 128]},
         "multi_bwd": {"tile_elements": [2048, 4096, 8192]},
-        "merge_fwd": {"tile_d": [2048, 4096, 8192], "many_rows_max_warps": [4, 8, 16], "whole_row_d": [0, 8192, 16384]},
+        "merge_fwd": {"tile_d": [2048, 4096, 8192], "many_rows_max_warps": [4, 8, 16], "whole_row_d": [16384, 0]},
         "merge_bwd": {"tile_elements": [4096, 8192, 16384]},
     },
     "embedding": {

@@ -21,7 +21,7 @@ from fusedops.internals import set_wrap_triton_enabled
 
 from fusedops.bench.common import measure_ceiling
 from fusedops import plans
-from fusedops.block_attn_res.op import _merge_forward, _multi_forward, _multi_outputs, _multi_weights
+from fusedops.block_attn_res.op import _merge_forward, _multi_forward, _multi_logits, _multi_outputs, _multi_softmax
 from fusedops.layout import sources_walk
 from fusedops.block_attn_res.plan import merge_plan, multi_plan
 from fusedops.targets import cuda_target
@@ -93,7 +93,7 @@ def _one_kernel_plan(target, tokens, n, m, dim):
 
 
 def sweep_two_pass(target, ceiling: float) -> None:
-    """The two-pass forward: its weights kernel's configurations timed alone, then its output kernel's, then the
+    """The two-pass forward: its logits kernel's configurations timed alone, then its output kernel's, then the
     planner's and the best pair's whole forward against the one-kernel forward."""
     dev = torch.device("cuda")
     for case in MULTI_CASES[:3] + [(8, 24, 2048, 7168), (9, 16, 32768, 4096)]:
@@ -111,55 +111,54 @@ def sweep_two_pass(target, ceiling: float) -> None:
         s1, s2, st0, st1, st2 = sources_walk(values)
         walk = dict(N=n, M=m, T=tokens, D=dim, S1=s1, S2=s2, ST0=st0, ST1=st1, ST2=st2, STRIDE_N=values.stride(0),
                     DIM=dim)
-        alpha = torch.empty((tokens, m, n), device=dev)
+        logits = torch.empty((tokens, m, n), device=dev)
         lse = torch.empty((m, tokens), device=dev)
         out = torch.empty_like(ref_out)
-        weights = []
+        firsts = []
         for rows, tile, warps, stages in itertools.product((64, 128, 256), (64, 128), (4, 8), (2, 3)):
-            bt = max(1, rows // planned.block_n, -(-16 // planned.block_n))
-            c = dataclasses.replace(planned, block_t=bt, block_d=tile, num_warps=warps, num_stages=stages)
-            weights.append((f"weights rows{bt * planned.block_n} bd{tile} w{warps} s{stages}", c))
-        outputs = []
+            c = dataclasses.replace(planned, block_t=rows, block_d=tile, num_warps=warps, num_stages=stages)
+            firsts.append((f"logits rows{rows} bd{tile} w{warps} s{stages}", c))
+        seconds = []
         for warps, per_thread in itertools.product((1, 2, 4), (4, 8)):
             tile = min(1 << (dim - 1).bit_length(), 32 * warps * per_thread)
             c = dataclasses.replace(planned, block_d2=tile, out_warps=warps)
-            outputs.append((f"outputs bd{tile} w{warps} ({per_thread} x {planned.block_n} a thread)", c))
+            seconds.append((f"outputs bd{tile} w{warps} ({per_thread} x {n} a thread)", c))
         best = {}
-        for part, configs, pass_bytes in (("weights", weights, n * tokens * dim * 2 + m * tokens * 4),
-                                          ("outputs", outputs, (n + m) * tokens * dim * 2)):
+        for part, configs, pass_bytes in (("logits", firsts, n * tokens * dim * 2),
+                                          ("outputs", seconds, (n + m) * tokens * dim * 2)):
             results = []
             for name, plan in configs:
                 if time.monotonic() > DEADLINE:
                     break
                 try:
-                    if part == "weights":
+                    if part == "logits":
                         def run():
-                            _multi_weights(values, queries, alpha, lse, EPS, plan, target, walk)
-                        run()
-                        err = (lse - ref_lse).abs().max().item()
+                            _multi_logits(values, queries, logits, EPS, plan, target, walk)
                     else:
                         def run():
-                            _multi_outputs(values, alpha, out, plan, walk)
-                        run()
-                        err = (out.float() - ref_out.float()).abs().max().item()
+                            _multi_outputs(values, logits, out, plan, walk)
+                    run()
+                    err = (out.float() - ref_out.float()).abs().max().item() if part == "outputs" else float("nan")
                     results.append((_time(run), name, err))
                 except Exception as e:  # noqa: BLE001
                     print(f"  {name}: {type(e).__name__}: {str(e)[:120]}", flush=True)
             if results:
                 best[part] = dict(configs)[min(results)[1]]
-                if part == "weights":  # the outputs sweep reads these weights
-                    _multi_weights(values, queries, alpha, lse, EPS, planned, target, walk)
+                if part == "logits":  # the outputs sweep reads the weights of these logits
+                    _multi_logits(values, queries, logits, EPS, planned, target, walk)
+                    _multi_softmax(logits, lse, planned, walk)
             _report(f"{case} {part} (alone)", pass_bytes, ceiling, results)
         whole = {"planner " + str(planned): planned, "one kernel " + str(one): one}
         if len(best) == 2:
-            whole["best pair"] = dataclasses.replace(best["weights"], block_d2=best["outputs"].block_d2,
+            whole["best pair"] = dataclasses.replace(best["logits"], block_d2=best["outputs"].block_d2,
                                                      out_warps=best["outputs"].out_warps)
         results = []
         for name, plan in whole.items():
-            err = (_multi_forward(values, queries, EPS, target, plan)[0].float() - ref_out.float()).abs().max().item()
+            got_out, got_lse = _multi_forward(values, queries, EPS, target, plan)
+            err = max((got_out.float() - ref_out.float()).abs().max().item(), (got_lse - ref_lse).abs().max().item())
             results.append((_time(lambda: _multi_forward(values, queries, EPS, target, plan)), name, err))
         _report(f"{case} whole forward", nbytes, ceiling, results)
-        del bank, values, alpha, out
+        del bank, values, logits, out
 
 
 def sweep_merge(target, ceiling: float) -> None:

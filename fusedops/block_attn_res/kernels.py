@@ -219,68 +219,99 @@ def _logit_tile(v_ptr, q_ptr, rows, r_mask, m, m_mask, D, QS, eps, BLOCK_R: tl.c
 
 
 @triton.jit
-def attn_res_multi_alpha_kernel(
-    v_ptr, q_ptr, alpha_ptr, lse_ptr,
+def attn_res_multi_logits_kernel(
+    v_ptr, q_ptr, logits_ptr,
     N, M, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, QS, eps,
-    BLOCK_T: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BF16: tl.constexpr,
-    DIM: tl.constexpr = 0,
+    BLOCK_R: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BF16: tl.constexpr, DIM: tl.constexpr = 0,
 ):
-    """Pass 1 of the two-pass forward, BLOCK_T tokens a program: the softmax weights alpha [T, M, N] float32
-    (alpha[t, l, i] = softmax_i(s_{l,i})) and lse [M, T]. The logits are one [BLOCK_T * BLOCK_N, D] x [D, BLOCK_M]
-    product, so each query tile is read once per BLOCK_T tokens (16/32-bit values; every dot dimension >= 16).
-    DIM > 0: D as a compile-time constant (D == DIM)."""
+    """The two-pass forward's first pass over the rows: the logits s_{l,i}[t] = rstd(v_i[t]) <q_l, v_i[t]> into
+    logits [T, M, N] float32, for BLOCK_R of the T x N (token, source) rows a program, taken in order (a token's
+    rows may straddle two programs: no padding of N). One [BLOCK_R, D] x [D, BLOCK_M] product: each query tile is read once per
+    BLOCK_R rows (16/32-bit values; every dot dimension >= 16). DIM > 0: D as a compile-time constant."""
     if DIM > 0:
         D = DIM
     eps = tl.cast(eps, tl.float32)  # Inductor passes Python floats as fp64
-    r = tl.arange(0, BLOCK_T * BLOCK_N)
-    i_r = r % BLOCK_N
-    t_r = tl.program_id(0).to(tl.int64) * BLOCK_T + r // BLOCK_N
-    r_mask = (i_r < N) & (t_r < T)
+    r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    t_r = r // N
+    i_r = r % N
+    r_mask = t_r < T
     m = tl.arange(0, BLOCK_M)
     m_mask = m < M
-    n = tl.arange(0, BLOCK_N)
-    rows = _token_rows(t_r, S1, S2, ST0, ST1, ST2) + i_r.to(tl.int64) * STRIDE_N
-    logits = _logit_tile(v_ptr, q_ptr, rows, r_mask, m, m_mask, D, QS, eps, BLOCK_T * BLOCK_N, BLOCK_M, BLOCK_D,
-                         BF16)
-    s = tl.where((n < N)[None, :, None], tl.reshape(logits, (BLOCK_T, BLOCK_N, BLOCK_M)), float("-inf"))
-    mx = tl.max(s, axis=1)
-    p = tl.exp(s - _finite_or_zero(mx)[:, None, :])
-    denom = tl.sum(p, axis=1)
-    alpha = tl.reshape(p / denom[:, None, :], (BLOCK_T * BLOCK_N, BLOCK_M))
-    tl.store(alpha_ptr + (t_r[:, None] * M + m[None, :]) * N + i_r[:, None], alpha,
+    rows = _token_rows(t_r, S1, S2, ST0, ST1, ST2) + i_r * STRIDE_N
+    logits = _logit_tile(v_ptr, q_ptr, rows, r_mask, m, m_mask, D, QS, eps, BLOCK_R, BLOCK_M, BLOCK_D, BF16)
+    tl.store(logits_ptr + (t_r[:, None] * M + m[None, :]) * N + i_r[:, None], logits,
              mask=r_mask[:, None] & m_mask[None, :])
-    t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    tl.store(lse_ptr + m[None, :] * T + t[:, None], mx + tl.log(denom), mask=(t < T)[:, None] & m_mask[None, :])
+
+
+@triton.jit
+def _source_tile(v_ptr, rows, d, d_mask, N, STRIDE_N, FIRST: tl.constexpr, COUNT: tl.constexpr, ACC: tl.constexpr):
+    """Rows FIRST .. FIRST + COUNT - 1 (those < N) of a token, features d, as [BLOCK_D, COUNT] in ACC."""
+    n = FIRST + tl.arange(0, COUNT)
+    mask = d_mask[:, None] & (n < N)[None, :]
+    return tl.load(v_ptr + rows + n.to(tl.int64)[None, :] * STRIDE_N + d[:, None], mask=mask, other=0.0).to(ACC)
+
+
+@triton.jit
+def attn_res_multi_softmax_kernel(
+    logits_ptr, lse_ptr, N, M, T,
+    BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Between the two passes over the rows: the softmax over depth of BLOCK_R of the T x M (token, query) rows
+    of logits [T, M, N] a program, written over them (alpha[t, l, i] = softmax_i(s_{l,i})), and lse[l, t]."""
+    r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    n = tl.arange(0, BLOCK_N)
+    r_mask = r < T * M
+    at = logits_ptr + r[:, None] * N + n[None, :]
+    s = tl.load(at, mask=r_mask[:, None] & (n < N)[None, :], other=0.0)
+    s = tl.where((n < N)[None, :], s, float("-inf"))
+    mx = tl.max(s, axis=1)
+    p = tl.exp(s - _finite_or_zero(mx)[:, None])
+    denom = tl.sum(p, axis=1)
+    tl.store(at, p / denom[:, None], mask=r_mask[:, None] & (n < N)[None, :])
+    tl.store(lse_ptr + (r % M) * T + r // M, mx + tl.log(denom), mask=r_mask)
+
+
+@triton.jit
+def _source_tile(v_ptr, rows, d, d_mask, N, STRIDE_N, FIRST: tl.constexpr, COUNT: tl.constexpr):
+    """Rows FIRST .. FIRST + COUNT - 1 (those < N) of a token, features d, as [BLOCK_D, COUNT] float32."""
+    n = FIRST + tl.arange(0, COUNT)
+    mask = d_mask[:, None] & (n < N)[None, :]
+    return tl.load(v_ptr + rows + n.to(tl.int64)[None, :] * STRIDE_N + d[:, None], mask=mask,
+                   other=0.0).to(tl.float32)
 
 
 @triton.jit
 def attn_res_multi_out_kernel(
     v_ptr, alpha_ptr, out_ptr,
     N, M, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, OUT_STEP,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, F64: tl.constexpr, DIM: tl.constexpr = 0,
+    HEAD: tl.constexpr, TAIL: tl.constexpr, BLOCK_D: tl.constexpr, DIM: tl.constexpr = 0,
 ):
-    """Pass 2 of the two-pass forward, one token and BLOCK_D features a program (program pid: token
-    pid // cdiv(D, BLOCK_D)): the token's N <= BLOCK_N rows are held as one [BLOCK_D, BLOCK_N] tile, then each
-    query's output row out[l, t, d] = sum_i alpha[t, l, i] v_i[t, d] is summed over the rows and written before
-    the next query's (exact products, sums in ACC). With BLOCK_D a multiple of the threads' 16-byte vectors, a
-    thread holds all BLOCK_N rows of its features, so the sum stays in its registers. out is [M, T, D]
-    contiguous (OUT_STEP = T * D). DIM > 0: D as a compile-time constant (D == DIM)."""
+    """The two-pass forward's second pass over the rows, one token and BLOCK_D features a program (program pid: token
+    pid // cdiv(D, BLOCK_D)): the token's N rows are held as a [BLOCK_D, HEAD] tile and, past HEAD, a [BLOCK_D,
+    TAIL] one (N = 9 holds 8 + 1 rows, not 16); then each query's output row out[l, t, d] = sum_i alpha[t, l, i]
+    v_i[t, d] is summed over the rows and written before the next query's (exact products, float32 sums). With
+    BLOCK_D a multiple of the threads' 16-byte vectors a thread holds all the rows of its features, so the sums
+    stay in its registers. out is [M, T, D] contiguous (OUT_STEP = T * D). DIM > 0: D as a compile-time
+    constant (D == DIM)."""
     if DIM > 0:
         D = DIM
-    ACC = tl.float64 if F64 else tl.float32
     tiles = tl.cdiv(D, BLOCK_D)
     t = tl.program_id(0).to(tl.int64) // tiles
     d = (tl.program_id(0) % tiles) * BLOCK_D + tl.arange(0, BLOCK_D)
     d_mask = d < D
-    n = tl.arange(0, BLOCK_N)
-    n_mask = n < N
-    rows = _token_rows(t, S1, S2, ST0, ST1, ST2) + n.to(tl.int64)[None, :] * STRIDE_N
-    x = tl.load(v_ptr + rows + d[:, None], mask=d_mask[:, None] & n_mask[None, :], other=0.0).to(ACC)
-    weights = alpha_ptr + t * M * N + n
+    rows = _token_rows(t, S1, S2, ST0, ST1, ST2)
+    x = _source_tile(v_ptr, rows, d, d_mask, N, STRIDE_N, 0, HEAD)
+    head = tl.arange(0, HEAD)
+    if TAIL > 0:
+        x_tail = _source_tile(v_ptr, rows, d, d_mask, N, STRIDE_N, HEAD, TAIL)
+        tail = HEAD + tl.arange(0, TAIL)
+    weights = alpha_ptr + t * M * N
     dst = out_ptr + t * D + d
     for _ in range(M):
-        w = tl.load(weights, mask=n_mask, other=0.0).to(ACC)
-        tl.store(dst, tl.sum(x * w[None, :], axis=1).to(out_ptr.dtype.element_ty), mask=d_mask)
+        o = tl.sum(x * tl.load(weights + head, mask=head < N, other=0.0)[None, :], axis=1)
+        if TAIL > 0:
+            o += tl.sum(x_tail * tl.load(weights + tail, mask=tail < N, other=0.0)[None, :], axis=1)
+        tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=d_mask)
         weights += N
         dst += OUT_STEP
 

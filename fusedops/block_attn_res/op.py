@@ -27,11 +27,12 @@ from . import reference
 from .kernels import (
     attn_res_merge_bwd_kernel,
     attn_res_merge_fwd_kernel,
-    attn_res_multi_alpha_kernel,
     attn_res_multi_bwd_kernel,
     attn_res_multi_fwd_dot_kernel,
     attn_res_multi_fwd_kernel,
+    attn_res_multi_logits_kernel,
     attn_res_multi_out_kernel,
+    attn_res_multi_softmax_kernel,
 )
 from .plan import MergePlan, MultiPlan, merge_plan, multi_plan
 from .sources import stack_sources
@@ -91,33 +92,52 @@ def _multi_forward(values: Tensor, queries: Tensor, eps: float, target: Target,
     return out, lse
 
 
+# The softmax between the two passes: a [rows, next_pow2(N)] tile of this many elements a program (its logits are
+# 1/300 of the rows' bytes at N = 8, M = 24, D = 7168; not tuned).
+SOFTMAX_ELEMENTS = 4096
+
+
 def _two_pass_forward(values, queries, out, lse, eps, plan: MultiPlan, target: Target, tokens, s1, s2, st0, st1,
                       st2) -> None:
+    """attn_res_multi's forward reading the rows twice (plan.two_pass): the logits [T, M, N] float32 on tensor
+    cores, their softmax in place, then the outputs from the weights and the rows."""
     n, dim, m = values.shape[0], values.shape[-1], queries.shape[0]
     walk = dict(N=n, M=m, T=tokens, D=dim, S1=s1, S2=s2, ST0=st0, ST1=st1, ST2=st2, STRIDE_N=values.stride(0),
                 DIM=dim if plan.constant_dim and isinstance(dim, int) else 0)
-    alpha = torch.empty((tokens, m, n), dtype=torch.float32, device=values.device)
-    _multi_weights(values, queries, alpha, lse, eps, plan, target, walk)
-    _multi_outputs(values, alpha, out, plan, walk)
+    logits = torch.empty((tokens, m, n), dtype=torch.float32, device=values.device)
+    _multi_logits(values, queries, logits, eps, plan, target, walk)
+    _multi_softmax(logits, lse, plan, walk)
+    _multi_outputs(values, logits, out, plan, walk)
 
 
-def _multi_weights(values, queries, alpha, lse, eps, plan: MultiPlan, target: Target, walk: dict) -> None:
-    """The two-pass forward's first kernel: alpha [T, M, N] float32 and lse."""
-    launch(attn_res_multi_alpha_kernel, (-(-walk["T"] // plan.block_t),),
-           dict(v_ptr=values, q_ptr=queries, alpha_ptr=alpha, lse_ptr=lse, QS=queries.stride(0), eps=eps,
+def _multi_logits(values, queries, logits, eps, plan: MultiPlan, target: Target, walk: dict) -> None:
+    """The two-pass forward's first pass over the rows: logits [T, M, N] float32."""
+    launch(attn_res_multi_logits_kernel, (-(-walk["T"] * walk["N"] // plan.block_t),),
+           dict(v_ptr=values, q_ptr=queries, logits_ptr=logits, QS=queries.stride(0), eps=eps,
                 **{k: v for k, v in walk.items() if k != "DIM"}),
-           dict(BLOCK_T=plan.block_t, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d,
+           dict(BLOCK_R=plan.block_t, BLOCK_M=plan.block_m, BLOCK_D=plan.block_d,
                 # the interpreter's bfloat16 tl.dot is wrong: there bfloat16 takes the tf32x3 path
                 BF16=values.dtype == torch.bfloat16 and not target.interpreted, DIM=walk["DIM"],
                 num_warps=plan.num_warps, num_stages=plan.num_stages))
 
 
+def _multi_softmax(logits, lse, plan: MultiPlan, walk: dict) -> None:
+    """The softmax over depth, over the logits in place (then alpha [T, M, N]), and lse."""
+    rows = walk["T"] * walk["M"]
+    block_n = plan.block_n * 2 if plan.tail_rows else plan.block_n
+    block_r = max(1, SOFTMAX_ELEMENTS // block_n)
+    launch(attn_res_multi_softmax_kernel, (-(-rows // block_r),),
+           dict(logits_ptr=logits, lse_ptr=lse, N=walk["N"], M=walk["M"], T=walk["T"]),
+           dict(BLOCK_R=block_r, BLOCK_N=block_n))
+
+
 def _multi_outputs(values, alpha, out, plan: MultiPlan, walk: dict) -> None:
-    """The two-pass forward's second kernel: out from alpha and the rows."""
+    """The two-pass forward's second pass over the rows: out from alpha and the rows."""
     launch(attn_res_multi_out_kernel, (walk["T"] * -(-walk["D"] // plan.block_d2),),
            dict(v_ptr=values, alpha_ptr=alpha, out_ptr=out, OUT_STEP=walk["T"] * walk["D"],
                 **{k: v for k, v in walk.items() if k != "DIM"}),
-           dict(BLOCK_N=plan.block_n, BLOCK_D=plan.block_d2, F64=False, DIM=walk["DIM"], num_warps=plan.out_warps))
+           dict(HEAD=plan.block_n, TAIL=plan.tail_rows, BLOCK_D=plan.block_d2, DIM=walk["DIM"],
+                num_warps=plan.out_warps))
 
 
 def _multi_backward(grad_out: Optional[Tensor], grad_lse: Optional[Tensor], values: Tensor, queries: Tensor,

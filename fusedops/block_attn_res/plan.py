@@ -41,6 +41,14 @@ def pow2_at_least(n, floor: int) -> int:
     return block
 
 
+def pow2_at_most(n) -> int:
+    """The largest power of two <= n (n >= 1), by comparisons only (see pow2_at_least)."""
+    block = 1
+    while n >= 2 * block:
+        block *= 2
+    return block
+
+
 def prev_pow2(n: int) -> int:
     return 1 << (max(1, n).bit_length() - 1)
 
@@ -76,9 +84,12 @@ class MultiPlan:
     dot: bool = False  # the forward on tensor cores (attn_res_multi_fwd_dot_kernel)
     num_stages: int = 2
     block_d2: int = 0  # features per tile of the tensor-core forward's output pass
-    two_pass: bool = False  # the forward as two kernels: weights (block_t tokens a program), then outputs
-    out_warps: int = 4  # the two-pass output kernel's warps (its feature tile is block_d2)
-    constant_dim: bool = False  # the two-pass kernels take D as a compile-time constant
+    # The two-pass forward (its fields above: block_t (token, source) rows a logits program, block_d2 features an
+    # outputs program, block_n the power of two of a token's rows that program holds, then tail_rows more)
+    two_pass: bool = False
+    tail_rows: int = 0
+    out_warps: int = 4  # the outputs kernel's warps
+    constant_dim: bool = False  # its kernels take D as a compile-time constant
 
 
 @memoize
@@ -175,7 +186,7 @@ def _dot_plan(target: Target, tokens: int, hint: int, sources: int, queries: int
     row = _row("multi_dot", target)
     block_m = max(DOT_MIN, next_pow2(queries))
     if (row["two_pass_min_tokens"] and hint >= row["two_pass_min_tokens"]
-            and next_pow2(sources) <= row["two_pass_max_sources"]):
+            and sources <= row["two_pass_max_sources"]):
         return _two_pass_plan(target, row, tokens, hint, sources, block_m, dim, elem_size, block_t, block_d)
     block_n = pow2_at_least(sources, DOT_MIN)
     slots = target.vector_cores * target.resident
@@ -200,20 +211,21 @@ def _dot_plan(target: Target, tokens: int, hint: int, sources: int, queries: int
 
 def _two_pass_plan(target: Target, row: dict, tokens: int, hint: int, sources: int, block_m: int, dim: int,
                    elem_size: int, block_t: int, block_d: int) -> MultiPlan:
-    """The forward as two kernels: the softmax weights of block_t tokens a program, their logits one [block_t *
-    block_n, D] x [D, block_m] product (up to alpha_rows rows: each query tile serves block_t tokens; fewer where
-    the tokens would not give every core a program), then the outputs, one token and block_d2 features a
-    program: a 16-byte vector of each of the token's rows a thread (narrower vectors spread the rows over
-    threads and ran 4-40x slower). The rows are read twice: a token's logits need all of D before any output,
-    and the one-kernel form keeps only a few tokens' rows in cache for its second pass (bench/NOTES.md, Block
-    AttnRes run 2)."""
-    block_n = next_pow2(sources)
-    block_t = block_t or max(min(row["alpha_rows"] // block_n, prev_pow2(max(1, hint // target.vector_cores))),
-                             -(-DOT_MIN // block_n), 1)
-    block_d = max(DOT_MIN, min(next_pow2(dim), block_d or row["alpha_tile_d"]))
+    """The forward in two passes over the rows (three kernels). The logits: logit_rows of the tokens x N (token,
+    source) rows a program (fewer where the rows would not give every core a program) as one [rows, D] x [D,
+    block_m] product, so each query tile serves many tokens. Their softmax. The outputs: one token and block_d2
+    features a program, a 16-byte vector of each of the token's rows a thread (narrower vectors spread the rows
+    over threads and ran 4-40x slower), the rows held as a power of two and a tail (N = 9: 8 + 1). The rows
+    are read twice because a token's logits need all of D before any output, and the one-kernel forward keeps
+    only a few tokens' rows in cache for its output pass (bench/NOTES.md, Block AttnRes run 2)."""
+    head = pow2_at_most(sources)
+    tail = pow2_at_least(sources - head, 1) if sources > head else 0
+    per_core = max(1, hint * size_hint(sources) // target.vector_cores)
+    rows = block_t or max(DOT_MIN, min(row["logit_rows"], prev_pow2(per_core)))
+    block_d = max(DOT_MIN, min(next_pow2(dim), block_d or row["logit_tile_d"]))
     block_d2 = min(next_pow2(dim), 32 * row["out_warps"] * max(1, 16 // elem_size))
-    return MultiPlan(block_m, block_n, block_d, 1, dim, -(-tokens // block_t), row["alpha_warps"], block_t, True,
-                     row["alpha_stages"], block_d2, two_pass=True, out_warps=row["out_warps"],
+    return MultiPlan(block_m, head, block_d, 1, dim, -(-tokens * sources // rows), row["logit_warps"], rows, True,
+                     row["logit_stages"], block_d2, two_pass=True, tail_rows=tail, out_warps=row["out_warps"],
                      constant_dim=row["constant_dim"])
 
 
