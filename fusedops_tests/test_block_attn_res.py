@@ -16,7 +16,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import fusedops
 from fusedops.block_attn_res import op as bar_op
-from fusedops.block_attn_res.plan import MergePlan, MultiPlan, merge_plan, multi_plan
+from fusedops.block_attn_res.plan import MergePlan, merge_plan, multi_plan
 from fusedops.targets import ascend_target, cuda_target, target_for
 
 from .helpers import (
@@ -331,10 +331,10 @@ def test_multi_decode_plans_split_d(path, tokens, n, m, dim, block_d, splits):
     ref_out, ref_lse = fusedops.attn_res_multi(values.double(), queries.double())
     per = -(-(-(-dim // block_d)) // splits) * block_d
     splits = -(-dim // per)
-    plan = MultiPlan(block_m=1 << (m - 1).bit_length(), block_n=1 << (n - 1).bit_length(), block_d=block_d,
-                     splits=splits, d_chunk=per, grid=min(tokens, 2) * splits)
-    with execution_path(path):
-        out, lse = bar_op._multi_forward(values, queries, EPS, target_for(values.device), plan)
+    forced = dict(block_m=1 << (m - 1).bit_length(), block_n=1 << (n - 1).bit_length(), block_d=block_d,
+                  splits=splits, d_chunk=per, grid=min(tokens, 2) * splits, dot=False, two_pass=False)
+    with execution_path(path), fusedops.plan_override("block_attn_res", "multi_fwd", **forced):
+        out, lse = fusedops.attn_res_multi(values, queries)
     torch.testing.assert_close(out.double(), ref_out, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(lse.double(), ref_lse, rtol=1e-5, atol=1e-5)
     with execution_path(path, onchip_bytes=512):
@@ -450,15 +450,60 @@ def test_merge_tiled_plans(path, plan):
                                                           True, True, True, True, True)
     with execution_path(path):
         target = target_for(out.device)
-        with recorded_launches(bar_op) as launches:
-            y, p_new = bar_op._merge_forward(out, lse, slot, query, *adds, gain, EPS, EPS, target, plan)
+        with recorded_launches(bar_op) as launches, plan_override("merge_fwd", plan):
+            y, p_new = bar_op._merge_forward(out, lse, slot, query, *adds, gain, EPS, EPS, target)
         assert any(same_view(t, slot) for t in launches[0][1])
-        grads = bar_op._merge_backward(gy, gp, out, lse, ref_p, query, gain, EPS, EPS, True, True, True, True,
-                                       True, target, MergePlan(block_t, block_d, 3))
+        with plan_override("merge_bwd", MergePlan(block_t, block_d, 3)):
+            grads = bar_op._merge_backward(gy, gp, out, lse, ref_p, query, gain, EPS, EPS, True, True, True, True,
+                                           True, target)
     torch.testing.assert_close(y, ref_y, rtol=tol, atol=tol)
     torch.testing.assert_close(p_new, ref_p, rtol=0, atol=0)
     for a, b in zip(grads, ref_grads):
         torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+
+
+def plan_override(kernel: str, plan):
+    """fusedops.plan_override forcing every field of a MergePlan or MultiPlan on `kernel` of block_attn_res."""
+    fields = dataclasses.asdict(plan)
+    from fusedops.plans import override_keys
+
+    keys = override_keys("block_attn_res")[kernel]
+    return fusedops.plan_override("block_attn_res", kernel, **{k: v for k, v in fields.items() if k in keys})
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+def test_forced_plans_cover_the_shape_or_raise(path):
+    """fusedops.plan_override forces a plan on each kernel (the backward of a call made in the block too); a
+    forced plan whose tiles would leave sources, queries or features out raises ValueError naming them instead
+    of masking them away."""
+    gen = torch.Generator().manual_seed(12)
+    values, queries = torch.randn(5, 9, 40, generator=gen), torch.randn(3, 40, generator=gen)
+    ref_out, ref_lse = fusedops.attn_res_multi(values.double(), queries.double())
+    leaf = values.clone().requires_grad_()
+    # CUDA: the two-pass forward with 16-wide output tiles (D = 40 ragged); Ascend: its CUDA-core forward, 8-wide
+    forward = (dict(two_pass=True, block_n=4, tail_rows=1, block_t=16, block_d2=16) if path == "cuda"
+               else dict(block_d=8, grid=3))
+    with execution_path(path):
+        with fusedops.plan_override("block_attn_res", "multi_fwd", **forward), \
+                fusedops.plan_override("block_attn_res", "multi_bwd", block_d=8, grid=2):
+            out, lse = fusedops.attn_res_multi(leaf, queries)
+            (out.sum() + lse.sum()).backward()
+        with pytest.raises(ValueError, match="sources past 4 of N = 5"):
+            with fusedops.plan_override("block_attn_res", "multi_fwd", two_pass=True, block_n=4, tail_rows=0):
+                fusedops.attn_res_multi(values, queries)
+        with pytest.raises(ValueError, match="queries past block_m = 2 of M = 3"):
+            with fusedops.plan_override("block_attn_res", "multi_bwd", block_m=2):
+                torch.ops.fusedops.attn_res_multi_backward(torch.ones(3, 9, 40), None, values, queries, EPS, True,
+                                                           True)
+        with pytest.raises(ValueError, match="features past block_d = 32 of D = 40"):
+            with fusedops.plan_override("block_attn_res", "merge_fwd", whole_row=True, block_d=32):
+                fusedops.attn_res_merge(out[0].detach(), lse[0].detach(), values[0], queries[0])
+    torch.testing.assert_close(out.double(), ref_out, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse.double(), ref_lse, rtol=1e-5, atol=1e-5)
+    v64 = values.double().requires_grad_()
+    o64, l64 = fusedops.attn_res_multi(v64, queries.double())
+    (o64.sum() + l64.sum()).backward()
+    torch.testing.assert_close(leaf.grad.double(), v64.grad, rtol=1e-4, atol=1e-4)
 
 
 def whole_row_merge_rows(whole_row_d: int) -> list:

@@ -34,6 +34,18 @@ MERGE_CASES = [(8192, 7168), (2048, 4096), (32768, 4096), (2048, 7168), (8192, 1
 DEADLINE = time.monotonic() + float(os.environ.get("TUNE_S", "400"))
 
 
+def _forcing(kernel: str, plan):
+    """fusedops.plan_override forcing every field of `plan` on `kernel` of block_attn_res."""
+    keys = plans.override_keys("block_attn_res")[kernel]
+    return plans.plan_override("block_attn_res", kernel, **{k: v for k, v in dataclasses.asdict(plan).items()
+                                                            if k in keys})
+
+
+def _multi(values, queries, target, plan):
+    with _forcing("multi_fwd", plan):
+        return _multi_forward(values, queries, EPS, target)
+
+
 def _time(fn) -> float:
     return triton.testing.do_bench(fn, warmup=5, rep=30)
 
@@ -62,7 +74,7 @@ def sweep_multi(target, ceiling: float) -> None:
         queries = 0.05 * torch.randn(m, dim, device=dev)
         nbytes = (n + m) * tokens * dim * 2 + m * tokens * 4
         planned = multi_plan(target, tokens, n, m, dim, 2)
-        ref = _multi_forward(values, queries, EPS, target, planned)[0].float()
+        ref = _multi(values, queries, target, planned)[0].float()
         old = multi_plan(target, tokens, n, m, dim, 2, dot=False)
         candidates = {"planner " + str(planned): planned, "cuda-core " + str(old): old}
         for bt, bd, warps in itertools.product((1, 2, 4), (32, 64, 128), (4, 8)):
@@ -75,9 +87,9 @@ def sweep_multi(target, ceiling: float) -> None:
             if time.monotonic() > DEADLINE:
                 break
             try:
-                out = _multi_forward(values, queries, EPS, target, plan)[0]
+                out = _multi(values, queries, target, plan)[0]
                 err = (out.float() - ref).abs().max().item()
-                results.append((_time(lambda: _multi_forward(values, queries, EPS, target, plan)), name, err))
+                results.append((_time(lambda: _multi(values, queries, target, plan)), name, err))
             except Exception as e:  # noqa: BLE001 - a configuration that fails to compile is reported, not fatal
                 print(f"  {name}: {type(e).__name__}: {str(e)[:120]}", flush=True)
         _report(case, nbytes, ceiling, results)
@@ -107,7 +119,7 @@ def sweep_two_pass(target, ceiling: float) -> None:
         nbytes = (n + m) * tokens * dim * 2 + m * tokens * 4
         planned = multi_plan(target, tokens, n, m, dim, 2)
         one = _one_kernel_plan(target, tokens, n, m, dim)
-        ref_out, ref_lse = _multi_forward(values, queries, EPS, target, one)
+        ref_out, ref_lse = _multi(values, queries, target, one)
         s1, s2, st0, st1, st2 = sources_walk(values)
         walk = dict(N=n, M=m, T=tokens, D=dim, S1=s1, S2=s2, ST0=st0, ST1=st1, ST2=st2, STRIDE_N=values.stride(0),
                     DIM=dim)
@@ -154,9 +166,9 @@ def sweep_two_pass(target, ceiling: float) -> None:
                                                      out_warps=best["outputs"].out_warps)
         results = []
         for name, plan in whole.items():
-            got_out, got_lse = _multi_forward(values, queries, EPS, target, plan)
+            got_out, got_lse = _multi(values, queries, target, plan)
             err = max((got_out.float() - ref_out.float()).abs().max().item(), (got_lse - ref_lse).abs().max().item())
-            results.append((_time(lambda: _multi_forward(values, queries, EPS, target, plan)), name, err))
+            results.append((_time(lambda: _multi(values, queries, target, plan)), name, err))
         _report(f"{case} whole forward", nbytes, ceiling, results)
         del bank, values, logits, out
 
@@ -175,7 +187,8 @@ def sweep_merge(target, ceiling: float) -> None:
         nbytes = 5 * tokens * dim * 2 + tokens * 4
 
         def run(plan):
-            return _merge_forward(out, lse, partial, query, addend, None, gain, EPS, EPS, target, plan)
+            with _forcing("merge_fwd", plan):
+                return _merge_forward(out, lse, partial, query, addend, None, gain, EPS, EPS, target)
 
         planned = merge_plan(target, tokens, dim, 2)
         ref = run(planned)[0].float()

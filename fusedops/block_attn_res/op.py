@@ -34,7 +34,7 @@ from .kernels import (
     attn_res_multi_out_kernel,
     attn_res_multi_softmax_kernel,
 )
-from .plan import MergePlan, MultiPlan, merge_plan, multi_plan
+from .plan import MultiPlan, forced_plan, merge_plan, multi_plan
 from .sources import stack_sources
 
 # ---- attn_res_multi ---------------------------------------------------------------------------------------
@@ -58,8 +58,7 @@ def check_multi_backward_args(values: Tensor, queries: Tensor, grad_out: Optiona
     check_same_device([("values", values), ("grad_out", grad_out), ("grad_lse", grad_lse)])
 
 
-def _multi_forward(values: Tensor, queries: Tensor, eps: float, target: Target,
-                   plan: Optional[MultiPlan] = None) -> tuple[Tensor, Tensor]:
+def _multi_forward(values: Tensor, queries: Tensor, eps: float, target: Target) -> tuple[Tensor, Tensor]:
     n, dim, m = values.shape[0], values.shape[-1], queries.shape[0]
     out = values.new_empty((m, *values.shape[1:]))
     lse = values.new_empty((m, *values.shape[1:-1]), dtype=accumulate_dtype(values.dtype))
@@ -68,7 +67,8 @@ def _multi_forward(values: Tensor, queries: Tensor, eps: float, target: Target,
         return out, lse
     values, queries = walkable_sources(values), unit_last_stride(queries)
     s1, s2, st0, st1, st2 = sources_walk(values)
-    plan = plan or multi_plan(target, tokens, n, m, dim, values.element_size())
+    plan = forced_plan(multi_plan(target, tokens, n, m, dim, values.element_size()), "multi_fwd", sources=n, queries=m,
+                       dim=dim)
     if plan.two_pass:
         _two_pass_forward(values, queries, out, lse, eps, plan, target, tokens, s1, s2, st0, st1, st2)
         return out, lse
@@ -141,8 +141,7 @@ def _multi_outputs(values, alpha, out, plan: MultiPlan, walk: dict) -> None:
 
 
 def _multi_backward(grad_out: Optional[Tensor], grad_lse: Optional[Tensor], values: Tensor, queries: Tensor,
-                    eps: float, need_values: bool, need_queries: bool, target: Target,
-                    plan: Optional[MultiPlan] = None) -> tuple[Tensor, Tensor]:
+                    eps: float, need_values: bool, need_queries: bool, target: Target) -> tuple[Tensor, Tensor]:
     n, dim, m = values.shape[0], values.shape[-1], queries.shape[0]
     values, queries = walkable_sources(values), unit_last_stride(queries)
     grad_values = (torch.empty_like(values, memory_format=torch.contiguous_format) if need_values
@@ -156,7 +155,8 @@ def _multi_backward(grad_out: Optional[Tensor], grad_lse: Optional[Tensor], valu
         grad_queries.zero_()
         return grad_values, grad_queries
     acc = accumulate_dtype(values.dtype)
-    plan = plan or multi_plan(target, tokens, n, m, dim, values.element_size(), backward=True)
+    plan = forced_plan(multi_plan(target, tokens, n, m, dim, values.element_size(), backward=True), "multi_bwd",
+                       sources=n, queries=m, dim=dim)
     partial = values.new_zeros((plan.grid, m, dim) if need_queries else (1,), dtype=acc)
     s1, s2, st0, st1, st2 = sources_walk(values)
     g = values if grad_out is None else grad_out.contiguous()
@@ -318,7 +318,7 @@ def _rows(t: Optional[Tensor]) -> tuple[Optional[Tensor], int]:
 
 
 def _merge_forward(out, lse, partial, query, addend, addend2, gain, eps, norm_eps, target: Target,
-                   plan: Optional[MergePlan] = None, partial_out: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+                   partial_out: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """(y, p'): p' a new tensor when there are addends, else empty; with partial_out, p' is written there
     (rows read in place, see _rows) and the second result is empty."""
     dim = out.shape[-1]
@@ -332,7 +332,7 @@ def _merge_forward(out, lse, partial, query, addend, addend2, gain, eps, norm_ep
     tokens = y.numel() // dim
     if tokens == 0:
         return y, p_new
-    plan = plan or merge_plan(target, tokens, dim, out.element_size())
+    plan = forced_plan(merge_plan(target, tokens, dim, out.element_size()), "merge_fwd", sources=1, queries=1, dim=dim)
     (o, o_st), (p, p_st), (a1, a1_st), (a2, a2_st) = map(_rows, (out, partial, addend, addend2))
     pn, pn_st = (p_new, dim) if partial_out is None else _rows(partial_out)
     if pn is not partial_out and partial_out is not None:
@@ -353,7 +353,7 @@ def _merge_forward(out, lse, partial, query, addend, addend2, gain, eps, norm_ep
 
 
 def _merge_backward(grad_h, grad_partial, out, lse, partial, query, gain, eps, norm_eps, need_out, need_lse,
-                    need_partial, need_query, need_gain, target: Target, plan: Optional[MergePlan] = None):
+                    need_partial, need_query, need_gain, target: Target):
     dim = out.shape[-1]
     need_gain = need_gain and gain is not None
     acc = accumulate_dtype(out.dtype)
@@ -368,7 +368,8 @@ def _merge_backward(grad_h, grad_partial, out, lse, partial, query, gain, eps, n
         d_query.zero_()
         d_gain.zero_()
         return d_out, d_lse if need_lse else lse.new_empty(0), d_partial, d_query, d_gain
-    plan = plan or merge_plan(target, tokens, dim, out.element_size(), backward=True)
+    plan = forced_plan(merge_plan(target, tokens, dim, out.element_size(), backward=True), "merge_bwd", sources=1,
+                       queries=1, dim=dim)
     dq_part = out.new_zeros((plan.grid, dim) if need_query else (1,), dtype=acc)
     dg_part = out.new_zeros((plan.grid, dim) if need_gain else (1,), dtype=acc)
     (o, o_st), (p, p_st) = _rows(out), _rows(partial)

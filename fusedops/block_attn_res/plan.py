@@ -5,11 +5,11 @@ guesses from the on-chip budgets."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from fusedops.plans import on_reload, resolve
+from fusedops.plans import forced, on_reload, resolve
 from fusedops.registry import memoize
 from fusedops.targets import Target, size_hint
 
@@ -227,6 +227,38 @@ def _two_pass_plan(target: Target, row: dict, tokens: int, hint: int, sources: i
     return MultiPlan(block_m, head, block_d, 1, dim, -(-tokens * sources // rows), row["logit_warps"], rows, True,
                      row["logit_stages"], block_d2, two_pass=True, tail_rows=tail, out_warps=row["out_warps"],
                      constant_dim=row["constant_dim"])
+
+
+def forced_plan(plan, kernel: str, *, sources: int, queries: int, dim: int):
+    """`plan` (a MultiPlan or MergePlan) with what fusedops.plan_override("block_attn_res", kernel, ...) forces on
+    top, taken as given (no budget shrink), kernel being multi_fwd, multi_bwd, merge_fwd or merge_bwd. A forced
+    plan that would leave sources, queries or features out raises ValueError: the kernels mask what their tiles
+    do not cover, so it would be a wrong answer, not an error."""
+    fields = forced(OP, kernel)
+    if not fields:
+        return plan
+    plan = replace(plan, **fields)
+    if all(isinstance(x, int) for x in (sources, queries, dim)):
+        gaps = _gaps(plan, kernel, sources, queries, dim)
+        if gaps:
+            raise ValueError(f"plan_override: block_attn_res {kernel} plan {plan} leaves out {', '.join(gaps)}")
+    return plan
+
+
+def _gaps(plan, kernel: str, sources: int, queries: int, dim: int) -> list:
+    if kernel.startswith("merge"):
+        return [f"features past block_d = {plan.block_d} of D = {dim} (whole_row)"] if (
+            kernel == "merge_fwd" and plan.whole_row and plan.block_d < dim) else []
+    gaps = []
+    rows = plan.block_n + plan.tail_rows if plan.two_pass else plan.block_n
+    if rows < sources:
+        gaps.append(f"sources past {rows} of N = {sources}")
+    if plan.block_m < queries:
+        gaps.append(f"queries past block_m = {plan.block_m} of M = {queries}")
+    if kernel == "multi_fwd" and not plan.two_pass and (plan.splits * plan.d_chunk < dim or plan.grid % plan.splits):
+        gaps.append(f"features: splits x d_chunk = {plan.splits} x {plan.d_chunk} must cover D = {dim} and divide "
+                    f"grid = {plan.grid}")
+    return gaps
 
 
 on_reload(multi_plan.cache_clear)
