@@ -21,7 +21,7 @@ from fusedops.internals import set_wrap_triton_enabled
 
 from fusedops.bench.common import measure_ceiling
 from fusedops import plans
-from fusedops.block_attn_res.op import _merge_forward, _multi_forward, _multi_logits, _multi_outputs, _multi_softmax
+from fusedops.block_attn_res.op import _merge_forward, _multi_forward, _multi_logits, _multi_outputs, _multi_weights
 from fusedops.layout import sources_walk
 from fusedops.block_attn_res.plan import merge_plan, multi_plan
 from fusedops.targets import cuda_target
@@ -158,7 +158,7 @@ def sweep_two_pass(target, ceiling: float) -> None:
                 best[part] = dict(configs)[min(results)[1]]
                 if part == "logits":  # the outputs sweep reads the weights of these logits
                     _multi_logits(values, queries, logits, EPS, planned, target, walk)
-                    _multi_softmax(logits, lse, planned, walk)
+                    _multi_weights(logits, lse, walk)
             _report(f"{case} {part} (alone)", pass_bytes, ceiling, results)
         whole = {"planner " + str(planned): planned, "one kernel " + str(one): one}
         if len(best) == 2:

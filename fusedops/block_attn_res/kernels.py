@@ -226,8 +226,9 @@ def attn_res_multi_logits_kernel(
 ):
     """The two-pass forward's first pass over the rows: the logits s_{l,i}[t] = rstd(v_i[t]) <q_l, v_i[t]> into
     logits [T, M, N] float32, for BLOCK_R of the T x N (token, source) rows a program, taken in order (a token's
-    rows may straddle two programs: no padding of N). One [BLOCK_R, D] x [D, BLOCK_M] product: each query tile is read once per
-    BLOCK_R rows (16/32-bit values; every dot dimension >= 16). DIM > 0: D as a compile-time constant."""
+    rows may straddle two programs: no padding of N). One [BLOCK_R, D] x [D, BLOCK_M] product: each query tile
+    is read once per BLOCK_R rows (16/32-bit values; every dot dimension >= 16). DIM > 0: D as a compile-time
+    constant."""
     if DIM > 0:
         D = DIM
     eps = tl.cast(eps, tl.float32)  # Inductor passes Python floats as fp64
@@ -244,14 +245,6 @@ def attn_res_multi_logits_kernel(
 
 
 @triton.jit
-def _source_tile(v_ptr, rows, d, d_mask, N, STRIDE_N, FIRST: tl.constexpr, COUNT: tl.constexpr, ACC: tl.constexpr):
-    """Rows FIRST .. FIRST + COUNT - 1 (those < N) of a token, features d, as [BLOCK_D, COUNT] in ACC."""
-    n = FIRST + tl.arange(0, COUNT)
-    mask = d_mask[:, None] & (n < N)[None, :]
-    return tl.load(v_ptr + rows + n.to(tl.int64)[None, :] * STRIDE_N + d[:, None], mask=mask, other=0.0).to(ACC)
-
-
-@triton.jit
 def attn_res_multi_softmax_kernel(
     logits_ptr, lse_ptr, N, M, T,
     BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -260,7 +253,7 @@ def attn_res_multi_softmax_kernel(
     of logits [T, M, N] a program, written over them (alpha[t, l, i] = softmax_i(s_{l,i})), and lse[l, t]."""
     r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     n = tl.arange(0, BLOCK_N)
-    r_mask = r < T * M
+    r_mask = r < tl.cast(T, tl.int64) * M
     at = logits_ptr + r[:, None] * N + n[None, :]
     s = tl.load(at, mask=r_mask[:, None] & (n < N)[None, :], other=0.0)
     s = tl.where((n < N)[None, :], s, float("-inf"))
@@ -286,8 +279,8 @@ def attn_res_multi_out_kernel(
     N, M, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, OUT_STEP,
     HEAD: tl.constexpr, TAIL: tl.constexpr, BLOCK_D: tl.constexpr, DIM: tl.constexpr = 0,
 ):
-    """The two-pass forward's second pass over the rows, one token and BLOCK_D features a program (program pid: token
-    pid // cdiv(D, BLOCK_D)): the token's N rows are held as a [BLOCK_D, HEAD] tile and, past HEAD, a [BLOCK_D,
+    """The two-pass forward's second pass over the rows, one token and BLOCK_D features a program (program pid:
+    token pid // cdiv(D, BLOCK_D)): the token's N rows are held as a [BLOCK_D, HEAD] tile and, past HEAD, a [BLOCK_D,
     TAIL] one (N = 9 holds 8 + 1 rows, not 16); then each query's output row out[l, t, d] = sum_i alpha[t, l, i]
     v_i[t, d] is summed over the rows and written before the next query's (exact products, float32 sums). With
     BLOCK_D a multiple of the threads' 16-byte vectors a thread holds all the rows of its features, so the sums

@@ -34,7 +34,7 @@ from .kernels import (
     attn_res_multi_out_kernel,
     attn_res_multi_softmax_kernel,
 )
-from .plan import MultiPlan, forced_plan, merge_plan, multi_plan
+from .plan import MultiPlan, forced_plan, merge_plan, multi_plan, pow2_at_least
 from .sources import stack_sources
 
 # ---- attn_res_multi ---------------------------------------------------------------------------------------
@@ -106,7 +106,7 @@ def _two_pass_forward(values, queries, out, lse, eps, plan: MultiPlan, target: T
                 DIM=dim if plan.constant_dim and isinstance(dim, int) else 0)
     logits = torch.empty((tokens, m, n), dtype=torch.float32, device=values.device)
     _multi_logits(values, queries, logits, eps, plan, target, walk)
-    _multi_softmax(logits, lse, plan, walk)
+    _multi_weights(logits, lse, walk)
     _multi_outputs(values, logits, out, plan, walk)
 
 
@@ -121,10 +121,10 @@ def _multi_logits(values, queries, logits, eps, plan: MultiPlan, target: Target,
                 num_warps=plan.num_warps, num_stages=plan.num_stages))
 
 
-def _multi_softmax(logits, lse, plan: MultiPlan, walk: dict) -> None:
+def _multi_weights(logits, lse, walk: dict) -> None:
     """The softmax over depth, over the logits in place (then alpha [T, M, N]), and lse."""
     rows = walk["T"] * walk["M"]
-    block_n = plan.block_n * 2 if plan.tail_rows else plan.block_n
+    block_n = pow2_at_least(walk["N"], 1)
     block_r = max(1, SOFTMAX_ELEMENTS // block_n)
     launch(attn_res_multi_softmax_kernel, (-(-rows // block_r),),
            dict(logits_ptr=logits, lse_ptr=lse, N=walk["N"], M=walk["M"], T=walk["T"]),
