@@ -1,6 +1,8 @@
 """Sweep Block AttnRes launch plans on a GPU (not part of `python -m fusedops.bench`): times
-attn_res_multi's forward (the tensor-core kernel's configurations against the planner's choice and the
-CUDA-core kernel) and attn_res_merge's forward, each configuration checked against the planner's result.
+attn_res_multi's forward (multi: the one-kernel tensor-core forward's configurations against the planner's choice
+and the CUDA-core kernel; two-pass: the two-pass forward's logits and outputs kernels each alone, then whole) and
+attn_res_merge's forward (merge: D tiles and whole rows), each configuration forced through
+fusedops.plan_override and checked against the planner's result.
 
     python -m fusedops.bench.tune_block_attn_res [multi] [two-pass] [merge]   (TUNE_S: seconds before it stops, 400)
 
