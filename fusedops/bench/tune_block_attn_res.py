@@ -64,18 +64,23 @@ def _programs(plan, sms: int, per_sm: int):
     return dataclasses.replace(plan, grid=min(token_programs, sms * per_sm) * plan.splits)
 
 
+def _multi_case(target, case):
+    """(values: a token-major bf16 bank's first N slots, float32 queries, bytes of (N + M) rows and the lse, the
+    planner's plan) of an (N, M, tokens, D) case."""
+    n, m, tokens, dim = case
+    bank = torch.randn(tokens, n + 2, dim, device="cuda", dtype=torch.bfloat16)
+    queries = 0.05 * torch.randn(m, dim, device="cuda")
+    nbytes = (n + m) * tokens * dim * 2 + m * tokens * 4
+    return bank[:, :n].movedim(1, 0), queries, nbytes, multi_plan(target, tokens, n, m, dim, 2)
+
+
 def sweep_multi(target, ceiling: float) -> None:
-    dev = torch.device("cuda")
     for case in MULTI_CASES:
         if time.monotonic() > DEADLINE:
             print("out of time", flush=True)
             return
         n, m, tokens, dim = case
-        bank = torch.randn(tokens, n + 2, dim, device=dev, dtype=torch.bfloat16)
-        values = bank[:, :n].movedim(1, 0)
-        queries = 0.05 * torch.randn(m, dim, device=dev)
-        nbytes = (n + m) * tokens * dim * 2 + m * tokens * 4
-        planned = multi_plan(target, tokens, n, m, dim, 2)
+        values, queries, nbytes, planned = _multi_case(target, case)
         ref = _multi(values, queries, target, planned)[0].float()
         old = multi_plan(target, tokens, n, m, dim, 2, dot=False)
         candidates = {"planner " + str(planned): planned, "cuda-core " + str(old): old}
@@ -95,7 +100,7 @@ def sweep_multi(target, ceiling: float) -> None:
             except Exception as e:  # noqa: BLE001 - a configuration that fails to compile is reported, not fatal
                 print(f"  {name}: {type(e).__name__}: {str(e)[:120]}", flush=True)
         _report(case, nbytes, ceiling, results)
-        del bank, values
+        del values
 
 
 def _one_kernel_plan(target, tokens, n, m, dim):
@@ -115,11 +120,7 @@ def sweep_two_pass(target, ceiling: float) -> None:
             print("out of time", flush=True)
             return
         n, m, tokens, dim = case
-        bank = torch.randn(tokens, n + 2, dim, device=dev, dtype=torch.bfloat16)
-        values = bank[:, :n].movedim(1, 0)
-        queries = 0.05 * torch.randn(m, dim, device=dev)
-        nbytes = (n + m) * tokens * dim * 2 + m * tokens * 4
-        planned = multi_plan(target, tokens, n, m, dim, 2)
+        values, queries, nbytes, planned = _multi_case(target, case)
         one = _one_kernel_plan(target, tokens, n, m, dim)
         ref_out, ref_lse = _multi(values, queries, target, one)
         s1, s2, st0, st1, st2 = sources_walk(values)
@@ -172,7 +173,7 @@ def sweep_two_pass(target, ceiling: float) -> None:
             err = max((got_out.float() - ref_out.float()).abs().max().item(), (got_lse - ref_lse).abs().max().item())
             results.append((_time(lambda: _multi(values, queries, target, plan)), name, err))
         _report(f"{case} whole forward", nbytes, ceiling, results)
-        del bank, values, logits, out
+        del values, logits, out
 
 
 def sweep_merge(target, ceiling: float) -> None:

@@ -119,6 +119,29 @@ def _split_dot(a, b, acc, SPLIT_A: tl.constexpr):
 
 
 @triton.jit
+def _logit_tile(v_ptr, q_ptr, rows, r_mask, m, m_mask, D, QS, eps, BLOCK_R: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_D: tl.constexpr, BF16: tl.constexpr):
+    """Logits [BLOCK_R, BLOCK_M] of source rows `rows` (element offsets, masked by r_mask) against every query,
+    rstd(row) <q_l, row>, on tensor cores (see attn_res_multi_fwd_dot_kernel for the split), summed over D in
+    BLOCK_D tiles."""
+    sq = tl.zeros([BLOCK_R], tl.float32)
+    dot = tl.zeros([BLOCK_R, BLOCK_M], tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        d = d0 + tl.arange(0, BLOCK_D)
+        d_mask = d < D
+        x = tl.load(v_ptr + rows[:, None] + d[None, :], mask=r_mask[:, None] & d_mask[None, :], other=0.0)
+        q = tl.load(q_ptr + m[:, None] * QS + d[None, :], mask=m_mask[:, None] & d_mask[None, :],
+                    other=0.0).to(tl.float32)
+        xf = x.to(tl.float32)
+        sq += tl.sum(xf * xf, axis=1)
+        if BF16:
+            dot = _split_dot(x, tl.trans(q), dot, False)
+        else:
+            dot = tl.dot(xf, tl.trans(q), dot, input_precision="tf32x3")
+    return dot * tl.rsqrt(sq / D + eps)[:, None]
+
+
+@triton.jit
 def attn_res_multi_fwd_dot_kernel(
     v_ptr, q_ptr, out_ptr, lse_ptr,
     N, M, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, QS, OUT_STEP, D_CHUNK, eps,
@@ -155,22 +178,9 @@ def attn_res_multi_fwd_dot_kernel(
         t_r = t0 + r // BLOCK_N
         r_mask = (i_r < N) & (t_r < T)
         rows = _token_rows(t_r, S1, S2, ST0, ST1, ST2) + i_r.to(tl.int64) * STRIDE_N
-        sq = tl.zeros([BLOCK_T * BLOCK_N], tl.float32)
-        dot = tl.zeros([BLOCK_T * BLOCK_N, BLOCK_M], tl.float32)
-        for d0 in range(0, D, BLOCK_D):
-            d = d0 + tl.arange(0, BLOCK_D)
-            d_mask = d < D
-            x = tl.load(v_ptr + rows[:, None] + d[None, :], mask=r_mask[:, None] & d_mask[None, :], other=0.0)
-            q = tl.load(q_ptr + m[:, None] * QS + d[None, :], mask=m_mask[:, None] & d_mask[None, :],
-                        other=0.0).to(tl.float32)
-            xf = x.to(tl.float32)
-            sq += tl.sum(xf * xf, axis=1)
-            if BF16:
-                dot = _split_dot(x, tl.trans(q), dot, False)
-            else:
-                dot = tl.dot(xf, tl.trans(q), dot, input_precision="tf32x3")
-        rstd = tl.rsqrt(sq / D + eps)
-        logits = tl.reshape(dot * rstd[:, None], (BLOCK_T, BLOCK_N, BLOCK_M))
+        logits = _logit_tile(v_ptr, q_ptr, rows, r_mask, m, m_mask, D, QS, eps, BLOCK_T * BLOCK_N, BLOCK_M, BLOCK_D,
+                             BF16)
+        logits = tl.reshape(logits, (BLOCK_T, BLOCK_N, BLOCK_M))
         s = tl.where(n_mask[None, :, None], logits, float("-inf"))
         mx = tl.max(s, axis=1)
         p = tl.exp(s - _finite_or_zero(mx)[:, None, :])
@@ -194,28 +204,6 @@ def attn_res_multi_fwd_dot_kernel(
                 o = tl.dot(alpha, x.to(tl.float32), input_precision="tf32x3")
             tl.store(out_ptr + out_rows + d[None, None, :], o.to(out_ptr.dtype.element_ty),
                      mask=tm_mask[:, :, None] & d_mask[None, None, :])
-
-
-@triton.jit
-def _logit_tile(v_ptr, q_ptr, rows, r_mask, m, m_mask, D, QS, eps, BLOCK_R: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_D: tl.constexpr, BF16: tl.constexpr):
-    """Logits [BLOCK_R, BLOCK_M] of source rows `rows` (element offsets, masked by r_mask) against every query,
-    rstd(row) <q_l, row>, on tensor cores (see attn_res_multi_fwd_dot_kernel for the split)."""
-    sq = tl.zeros([BLOCK_R], tl.float32)
-    dot = tl.zeros([BLOCK_R, BLOCK_M], tl.float32)
-    for d0 in range(0, D, BLOCK_D):
-        d = d0 + tl.arange(0, BLOCK_D)
-        d_mask = d < D
-        x = tl.load(v_ptr + rows[:, None] + d[None, :], mask=r_mask[:, None] & d_mask[None, :], other=0.0)
-        q = tl.load(q_ptr + m[:, None] * QS + d[None, :], mask=m_mask[:, None] & d_mask[None, :],
-                    other=0.0).to(tl.float32)
-        xf = x.to(tl.float32)
-        sq += tl.sum(xf * xf, axis=1)
-        if BF16:
-            dot = _split_dot(x, tl.trans(q), dot, False)
-        else:
-            dot = tl.dot(xf, tl.trans(q), dot, input_precision="tf32x3")
-    return dot * tl.rsqrt(sq / D + eps)[:, None]
 
 
 @triton.jit
