@@ -94,12 +94,13 @@ KERNEL_CHOICES = ["planned", "no-depth-tile"]
 @contextlib.contextmanager
 def kernel_choice(which):
     """"planned": the planner's choice; "no-depth-tile": the other kernels even where the depth tiles
-    fit (what larger N * D runs), so that every kernel meets the test sizes."""
+    fit (what larger N * D runs), so that every kernel meets the test sizes, the one-pass backward with D a
+    compile-time constant (the interpreter's planned one-pass plans keep D a runtime value)."""
     if which == "planned":
         yield
     else:
         with fusedops.plan_override("attn_res", "forward", variant="rows"), \
-                fusedops.plan_override("attn_res", "backward", variant="rows"):
+                fusedops.plan_override("attn_res", "backward", variant="rows", constant_dim=True):
             yield
 
 

@@ -203,6 +203,7 @@ def _backward(
         flags = dict(HAS_WEIGHT=norm_weight is not None, HAS_DLSE=grad_lse is not None, NEED_DV=need_values,
                      NEED_DU=need_du, BLOCK_D=plan.block_d, F64=acc == torch.float64, num_warps=plan.num_warps,
                      num_stages=plan.num_stages)
+        constant_dim = dict(DIM=dim if plan.constant_dim and isinstance(dim, int) else 0)
         # Always passed: torch.compile's wrap_triton takes no defaults for constexpr parameters.
         stash_flags = dict(STASH=stash, STASH_BLOCK=block_d if stash else 2)
         rows_in = dict(g_ptr=grad_out, glse_ptr=glse, v_ptr=values, q_ptr=query, w_ptr=weight, dv_ptr=dv,
@@ -211,12 +212,13 @@ def _backward(
                     DV_STEP=tokens * dim, eps=eps)
         if plan.block_n:
             launch(attn_res_bwd_depth_tile_kernel, (plan.grid,), dict(rows_in, **walk),
-                   dict(flags, BLOCK_N=plan.block_n, **stash_flags))
+                   dict(flags, BLOCK_N=plan.block_n, **stash_flags, **constant_dim))
         elif one_pass:
             launch(
                 attn_res_bwd_onepass_kernel, (plan.grid,),
                 dict(rows_in, out_ptr=out.contiguous(), lse_ptr=lse.contiguous(), **walk),
-                dict(flags, DEFER=out.element_size() == 2, UNROLL=plan.unroll, BLOCK_T=plan.block_t, **stash_flags),
+                dict(flags, DEFER=out.element_size() == 2, UNROLL=plan.unroll, BLOCK_T=plan.block_t, **stash_flags,
+                     **constant_dim),
             )
         else:
             stats = values.new_empty((3, n, tokens), dtype=acc)

@@ -8,7 +8,9 @@ Usage: python -m fusedops.bench.tune_attn_res   (TUNE_FORWARD=0 / TUNE_BACKWARD=
                                                        two-phase plans, every (N, D) whose tile fits 32K elements)
        python -m fusedops.bench.tune_attn_res depth-fwd   (the depth tile forward in row groups against the planner)
        python -m fusedops.bench.tune_attn_res stash   (the whole backward with the partial sums stashed in grad_values
-                                                       against their own buffer: time and peak memory)"""
+                                                       against their own buffer: time and peak memory)
+       python -m fusedops.bench.tune_attn_res bwd-dim   (the whole backward on the forward sweep's shapes: warps x
+                                                         programs per SM x D constant, fwd+bwd against fla)"""
 
 from __future__ import annotations
 
@@ -50,6 +52,8 @@ GROUPED_FWD_CONFIGS = [(r, w, p) for r, w in ((1, 4), (2, 4), (4, 4), (2, 8), (4
 GROUPED_FWD_CASES = [(9, 32768, 3072), (24, 2048, 6144), (9, 8192, 3584), (16, 512, 5120), (8, 8192, 7168),
                      (32, 8192, 7168), (12, 8192, 2304), (9, 8192, 1536), (6, 32768, 1024), (8, 32768, 2048),
                      (12, 32768, 4096), (3, 8192, 8192), (64, 2048, 8192), (4, 8192, 16384), (4, 32768, 12288)]
+# The backward sweep: (warps, programs per SM, D constant) of the kernel the planner picks (one-pass or depth tile).
+BWD_DIM_CONFIGS = [(w, p, c) for w in (4, 8) for p in (2, 4) for c in (False, True)]
 DEPTH_CASES = [(n, d) for d in (1024, 2048, 4096, 7168, 8192, 16384) for n in (2, 3, 4, 6, 8, 16, 32)
                if next_pow2(n) * next_pow2(d) <= 32768]
 
@@ -58,7 +62,8 @@ def main() -> None:
     # Outside a triton_op body wrap_triton dispatches through a higher-order op (~1 ms of host time per
     # launch); the op itself launches directly, and so must the sweep.
     with set_wrap_triton_enabled(False):
-        sweeps = {"depth": sweep_depth_tile, "depth-fwd": sweep_depth_tile_forward, "stash": sweep_stash}
+        sweeps = {"depth": sweep_depth_tile, "depth-fwd": sweep_depth_tile_forward, "stash": sweep_stash,
+                  "bwd-dim": sweep_backward_dim}
         sweeps.get(" ".join(sys.argv[1:]), sweep)()
 
 
@@ -175,6 +180,61 @@ def sweep_depth_tile_forward() -> None:
         pct = lambda ms: 100 * nb / ms / 1e9 / ceiling  # noqa: E731
         print(f"{case} | {t_plan:.4f} ({pct(t_plan):.1f}%) | {t_fla:.4f} ({pct(t_fla):.1f}%) | {t_best:.4f} ({cfg}, "
               f"{pct(t_best):.1f}%) | {t_plan / t_best:.2f}x")
+
+
+def sweep_backward_dim() -> None:
+    """The whole backward (kernel and reduction; every gradient of bf16 values and fp32 query/weight, given the
+    forward's out and lse), CUDA-graph replays, on the forward sweep's cases (TUNE_CASES replaces them): the
+    planner's plan against its kernel (one-pass or depth tile) on 4 or 8 warps x 2 or 4 programs per SM x D a
+    compile-time constant or not; then forward+backward steps, ours and fla-core's, as % of copy of
+    (N + 1) + (2N + 1) rows."""
+    from fusedops.attn_res.op import backward_plan
+    from fusedops.bench.attn_res import fla
+    from fusedops.bench.common import MissingBaseline, cuda_graph_step
+
+    dev, target, ceiling = _cuda_setup()
+    cases = [tuple(int(x) for x in c.split(",")) for c in os.environ["TUNE_CASES"].split(";")] \
+        if os.environ.get("TUNE_CASES") else GROUPED_FWD_CASES
+    table = []
+    for n, tokens, dim in cases:
+        v = torch.randn(n, tokens, dim, device=dev, dtype=torch.bfloat16)
+        q, w = torch.randn(dim, device=dev) * 0.05, torch.rand(dim, device=dev) + 0.5
+        g = torch.randn(tokens, dim, device=dev, dtype=torch.bfloat16)
+        out, lse = _forward(v, q, w, 1e-6, target)
+        nbytes, case = (2 * n + 1) * tokens * dim * 2, f"N{n} T{tokens} D{dim}"
+        step_bytes = nbytes + (n + 1) * tokens * dim * 2
+        ref = _backward(g, v, q, w, 1e-6, True, True, True, target, out, lse)
+        planned = _replay_ms(lambda: _backward(g, v, q, w, 1e-6, True, True, True, target, out, lse))
+        base = backward_plan(target, tokens, n, dim, 2, True)
+        kind = "depth tile" if base.block_n else "one-pass" if base.one_pass and base.one_tile else "two-phase"
+        best = (planned, f"planned {kind}")
+        for warps, per_sm, const in BWD_DIM_CONFIGS if kind != "two-phase" else ():
+            per_thread = base.block_t * base.block_d * max(1, base.block_n) // (32 * warps)
+            if not 8 <= per_thread <= 128:
+                continue
+            plan = dataclasses.replace(base, num_warps=warps, grid=min(tokens, per_sm * target.vector_cores),
+                                       constant_dim=const)
+            got = _bwd(plan, g, v, q, w, target, out, lse)
+            err = max(((a.float() - b.float()).norm() / b.float().norm()).item() for a, b in zip(got, ref))
+            ms = _replay_ms(lambda: _bwd(plan, g, v, q, w, target, out, lse))
+            label = f"{kind} w{warps} {per_sm}/SM{' D const' if const else ''}"
+            print(f"{case} {label}: {ms:.4f} ms {100 * nbytes / ms / 1e9 / ceiling:.1f}% err {err:.1e}", flush=True)
+            best = min(best, (ms, label))
+        steps = {}
+        for name, fn in (("fusedops", lambda a, b, c: fusedops.attn_res(a, b, c)), ("fla", fla)):
+            try:
+                steps[name] = triton.testing.do_bench_cudagraph(cuda_graph_step(fn, (v, q, w)), return_mode="median")
+            except MissingBaseline:
+                steps[name] = float("nan")
+        table.append((case, planned, *best, steps["fusedops"], steps["fla"], nbytes, step_bytes))
+        del v, g, out, ref
+        torch.cuda.empty_cache()
+    print("\ncase | planned bwd ms (% copy) | best bwd ms (config, % copy) | fwd+bwd fusedops ms (% copy) | "
+          "fwd+bwd fla ms (% copy)")
+    for case, t_plan, t_best, cfg, t_ours, t_fla, nb, sb in table:
+        pct = lambda ms, b: 100 * b / ms / 1e9 / ceiling  # noqa: E731
+        print(f"{case} | {t_plan:.4f} ({pct(t_plan, nb):.1f}%) | {t_best:.4f} ({cfg}, {pct(t_best, nb):.1f}%) | "
+              f"{t_ours:.4f} ({pct(t_ours, sb):.1f}%) | {t_fla:.4f} ({pct(t_fla, sb):.1f}%)")
 
 
 def _replay_ms(fn) -> float:
@@ -321,9 +381,9 @@ def _force(kind: str, plan: Plan):
     """plan_override forcing `plan` (its kernel variant and fields) on the forward or backward."""
     variant = ("depth_tile" if plan.block_n else "one_pass" if plan.one_pass else
                "two_phase" if kind == "backward" else "online")
-    names = ("block_t", "block_d", "grid", "num_warps", "unroll", "num_stages", "block_n")
+    names = ("block_t", "block_d", "grid", "num_warps", "unroll", "num_stages", "block_n", "constant_dim")
     if kind == "forward":
-        names += ("tokens_per_program", "constant_dim")
+        names += ("tokens_per_program",)
     fields = {k: getattr(plan, k) for k in names}
     return fusedops.plan_override("attn_res", kind, variant=variant, **fields)
 
