@@ -99,7 +99,7 @@ def attn_res_fwd_kernel(
                 if UNROLL == 2:
                     logit, _ = _row_logit(x_next, u, D, eps)
                     acc, m, denom = _mix(acc, m, denom, x_next, tl.where(has_next, logit, float("-inf")))
-                ptrs += UNROLL * STRIDE_N
+                ptrs += tl.cast(STRIDE_N, tl.int64) * UNROLL
             out = acc / denom[:, None]
             tl.store(out_ptr + t[:, None] * D + d[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
             tl.store(lse_ptr + t, m + tl.log(denom), mask=t_mask)
@@ -174,7 +174,7 @@ def _depth_tile_token(t, rows, u, out_ptr, lse_ptr, N, D, STRIDE_N, eps, d, d_ma
         denom = denom * rescale + tl.sum(p, axis=0)
         acc = acc * rescale + tl.sum(p[:, None] * x, axis=0)
         m = m_new
-        rows += BLOCK_N * STRIDE_N
+        rows += tl.cast(STRIDE_N, tl.int64) * BLOCK_N
     tl.store(out_ptr + (t * D)[:, None] + d[None, :], (acc / denom)[None, :].to(out_ptr.dtype.element_ty),
              mask=d_mask[None, :])
     tl.store(lse_ptr + t, m + tl.log(denom))
@@ -344,7 +344,7 @@ def attn_res_bwd_kernel(
                     tl.store(sptrs + T + STAT_PLANE, rstd, mask=next_mask)
                     tl.store(sptrs + T + 2 * STAT_PLANE, gv, mask=next_mask)
                     m, denom, g_out = _softmax_step(m, denom, g_out, tl.where(has_next, logit, float("-inf")), gv)
-                ptrs += UNROLL * STRIDE_N
+                ptrs += tl.cast(STRIDE_N, tl.int64) * UNROLL
                 sptrs += UNROLL * T
             g_out = g_out / denom
             if HAS_DLSE:  # d lse / d s_i = alpha_i: a gradient of lse shifts every ds_i by alpha_i * g_lse
@@ -377,8 +377,8 @@ def attn_res_bwd_kernel(
                         tl.store(dptrs - DV_STEP, dx.to(dv_ptr.dtype.element_ty), mask=mask & has_prev)
                     if NEED_DU:
                         du += tl.sum(coef[:, None] * x_prev, axis=0)  # x_prev is 0 where masked
-                ptrs -= UNROLL * STRIDE_N
-                dptrs -= UNROLL * DV_STEP
+                ptrs -= tl.cast(STRIDE_N, tl.int64) * UNROLL
+                dptrs -= tl.cast(DV_STEP, tl.int64) * UNROLL
                 sptrs -= UNROLL * T
             if NEED_DU:
                 pptrs = partial_ptr + pid * D + d
@@ -587,8 +587,8 @@ def attn_res_bwd_onepass_kernel(
                     du += tl.sum(coef[:, None] * x_next, axis=0)  # x_next is 0 where masked
                     if DEFER:
                         early_sum = (early_sum + early[:, None] * x_next).to(tl.float16)
-            src += UNROLL * STRIDE_N
-            dst += UNROLL * DV_STEP
+            src += tl.cast(STRIDE_N, tl.int64) * UNROLL
+            dst += tl.cast(DV_STEP, tl.int64) * UNROLL
         if DEFER:
             g_out_exact -= g_lse
             if NEED_DU:
@@ -625,6 +625,134 @@ def attn_res_bwd_onepass_kernel(
     if NEED_DU:
         t0 = pid.to(tl.int64) * BLOCK_T
         _store_partial(partial_ptr, dv_ptr, du, pid, t0, d, d_mask, D, DV_STEP, STASH, STASH_BLOCK)
+
+
+@triton.jit
+def _defer_rows(alpha, ok, count, DEFER: tl.constexpr):
+    """Which rows of a group wait (alpha >= DEFER_ALPHA, while slots are free) and which are written now, and the
+    slot each waiting row takes: count (the token's rows waiting so far) plus the waiting rows before it."""
+    if DEFER:
+        heavy = ok & (alpha >= DEFER_ALPHA)
+        slot = count + tl.cumsum(heavy.to(tl.int32), axis=0) - heavy.to(tl.int32)
+        defer = heavy & (slot < MAX_DEFERRED)
+        written = ok & ((alpha < DEFER_ALPHA) | (slot >= MAX_DEFERRED))
+    else:
+        slot = count + tl.zeros_like(alpha).to(tl.int32)
+        defer = slot < 0
+        written = ok
+    return defer, written, slot
+
+
+@triton.jit
+def _keep_waiting(slots, value, hit):
+    """slots [MAX_DEFERRED] with value[r] put in slot s wherever hit[r, s] ([rows, MAX_DEFERRED])."""
+    taken = tl.max(hit.to(tl.int32), axis=0) > 0
+    return tl.where(taken, tl.sum(tl.where(hit, value[:, None], 0).to(slots.dtype), axis=0), slots)
+
+
+@triton.jit
+def _waiting_rows(w, slot_i, slot_s, slot_r, slot_gv, BLOCK_N: tl.constexpr):
+    """(row index as int64, logit, rstd, <g, v>) of waiting rows w .. w + BLOCK_N - 1 (zeros past the last)."""
+    sel = tl.arange(0, MAX_DEFERRED)[None, :] == (w + tl.arange(0, BLOCK_N))[:, None]
+    return (tl.sum(tl.where(sel, slot_i[None, :], 0), axis=1).to(tl.int64),
+            tl.sum(tl.where(sel, slot_s[None, :], 0.0), axis=1), tl.sum(tl.where(sel, slot_r[None, :], 0.0), axis=1),
+            tl.sum(tl.where(sel, slot_gv[None, :], 0.0), axis=1))
+
+
+@triton.jit
+def attn_res_bwd_grouped_kernel(
+    g_ptr, glse_ptr, out_ptr, lse_ptr, v_ptr, q_ptr, w_ptr, dv_ptr, partial_ptr,
+    N, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, DV_STEP, eps,
+    HAS_WEIGHT: tl.constexpr, HAS_DLSE: tl.constexpr, NEED_DV: tl.constexpr, NEED_DU: tl.constexpr,
+    DEFER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, STASH: tl.constexpr,
+    STASH_BLOCK: tl.constexpr, F64: tl.constexpr, DIM: tl.constexpr = 0,
+):
+    """attn_res_bwd_onepass_kernel's gradients (the same formulas, heavy rows waiting for the exact <g, out>
+    in the same way) for one token at a time, its source rows loaded BLOCK_N at once ([BLOCK_N, BLOCK_D], as
+    attn_res_fwd_depth_tile_kernel's groups): every row of a group is in flight together, and a group's
+    statistics take one reduction each. The waiting rows are re-read BLOCK_N at a time. Persistent: program
+    pid takes tokens pid, pid + grid, ... and writes its row of fp32 partial sums of the query/weight gradient
+    (partial_ptr, [grid, D]; with STASH > 0 in grad_values, as the other kernels). DIM > 0: D as a
+    compile-time constant (D == DIM)."""
+    if DIM > 0:
+        D = DIM
+    ACC = tl.float64 if F64 else tl.float32
+    eps = tl.cast(eps, ACC)  # Inductor passes Python floats as fp64
+    pid = tl.program_id(0)
+    d, d_mask, n, _, _, src = _depth_tile(N, D, STRIDE_N, BLOCK_N, BLOCK_D)
+    # Loaded here, not through _folded_query: see attn_res_bwd_onepass_kernel.
+    u = tl.load(q_ptr + d, mask=d_mask, other=0.0).to(ACC)
+    if HAS_WEIGHT:
+        u = u * tl.load(w_ptr + d, mask=d_mask, other=0.0).to(ACC)
+    du = tl.zeros([BLOCK_D], ACC)
+    dst = n.to(tl.int64)[:, None] * DV_STEP + d[None, :]
+    for token in range(pid, T, tl.num_programs(0)):
+        t = token + tl.arange(0, 1).to(tl.int64)  # [1]: the token as a tensor, on every frontend
+        io = t[:, None] * D + d[None, :]
+        row0 = _token_rows(t, S1, S2, ST0, ST1, ST2)
+        g = tl.load(g_ptr + io, mask=d_mask[None, :], other=0.0).to(ACC)
+        g_out = tl.sum(g * tl.load(out_ptr + io, mask=d_mask[None, :], other=0.0).to(ACC), axis=1)
+        g_lse = tl.zeros([1], ACC)
+        if HAS_DLSE:
+            g_lse = tl.load(glse_ptr + t).to(ACC)
+        g_out -= g_lse
+        lse = tl.load(lse_ptr + t)
+        g_out_exact = tl.zeros([1], ACC)
+        count = tl.zeros([1], tl.int32)
+        slot_i = tl.zeros([MAX_DEFERRED], tl.int32)
+        slot_s = tl.zeros([MAX_DEFERRED], ACC)
+        slot_r = tl.zeros([MAX_DEFERRED], ACC)
+        slot_gv = tl.zeros([MAX_DEFERRED], ACC)
+        early_sum = tl.zeros([BLOCK_D], tl.float16)
+        rows = row0[:, None] + src
+        for n0 in range(0, N, BLOCK_N):
+            in_group = n < N - n0
+            x = tl.load(v_ptr + rows, mask=in_group[:, None] & d_mask[None, :], other=0.0).to(ACC)
+            logit, rstd = _row_logit(x, u, D, eps)
+            gv = tl.sum(x * g, axis=1)
+            dx, coef, alpha, k = _grad_row(x, g, u, logit, rstd, gv, lse, g_out, D)
+            g_out_exact += tl.sum(tl.where(in_group, alpha * gv, 0.0), axis=0)
+            defer, written, slot = _defer_rows(alpha, in_group, count, DEFER)
+            hit = (tl.arange(0, MAX_DEFERRED)[None, :] == slot[:, None]) & defer[:, None]
+            slot_i = _keep_waiting(slot_i, n0 + n, hit)
+            slot_s = _keep_waiting(slot_s, logit, hit)
+            slot_r = _keep_waiting(slot_r, rstd, hit)
+            slot_gv = _keep_waiting(slot_gv, gv, hit)
+            count += tl.sum(defer.to(tl.int32), axis=0)
+            coef = tl.where(written, coef, 0.0)
+            if NEED_DV:
+                at = dv_ptr + (t * D + tl.cast(n0, tl.int64) * DV_STEP)[:, None] + dst
+                tl.store(at, dx.to(dv_ptr.dtype.element_ty), mask=written[:, None] & d_mask[None, :])
+                if STASH > 0:
+                    if token == pid:  # uniform: once per program
+                        _keep_row_scalars(partial_ptr, pid, n0 + n, written, alpha, coef, k, STASH)
+            if NEED_DU:
+                du += tl.sum(coef[:, None] * x, axis=0)
+                if DEFER:
+                    early = tl.where(written, alpha * rstd, 0.0)
+                    early_sum = (early_sum + tl.sum(early[:, None] * x, axis=0)).to(tl.float16)
+            rows += tl.cast(STRIDE_N, tl.int64) * BLOCK_N
+        if DEFER:
+            g_out_exact -= g_lse
+            if NEED_DU:
+                du += tl.sum((g_out - g_out_exact)[:, None] * early_sum[None, :], axis=0)
+            for w in range(0, tl.max(count, axis=0), BLOCK_N):
+                j, logit, rstd, gv = _waiting_rows(w, slot_i, slot_s, slot_r, slot_gv, BLOCK_N)
+                waits = (w + n) < count
+                ok = waits[:, None] & d_mask[None, :]
+                x = tl.load(v_ptr + (row0 + j * STRIDE_N)[:, None] + d[None, :], mask=ok, other=0.0).to(ACC)
+                dx, coef, alpha, k = _grad_row(x, g, u, logit, rstd, gv, lse, g_out_exact, D)
+                coef = tl.where(waits, coef, 0.0)
+                if NEED_DV:
+                    tl.store(dv_ptr + (t * D + j * DV_STEP)[:, None] + d[None, :], dx.to(dv_ptr.dtype.element_ty),
+                             mask=ok)
+                    if STASH > 0:
+                        if token == pid:
+                            _keep_row_scalars(partial_ptr, pid, j, waits, alpha, coef, k, STASH)
+                if NEED_DU:
+                    du += tl.sum(coef[:, None] * x, axis=0)
+    if NEED_DU:
+        _store_partial(partial_ptr, dv_ptr, du, pid, pid.to(tl.int64), d, d_mask, D, DV_STEP, STASH, STASH_BLOCK)
 
 
 @triton.jit
