@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import fusedops
 from fusedops.attn_res import op as ar_op
-from fusedops.attn_res.plan import make_plan, next_pow2
+from fusedops.attn_res.plan import make_plan
 from fusedops.launch import bind, launch, split
 from fusedops.layout import collapse_dims
 from fusedops.targets import cuda_target
@@ -255,40 +255,6 @@ def test_forward_in_row_groups_matches_einsum(path, rows, tokens_per_program, co
     ref_out, ref_lse = einsum_attn_res(values, query, weight, eps, return_lse=True)
     assert_close("out", out, ref_out, values.dtype)
     assert_close("lse", lse, ref_lse, torch.float32)
-
-
-def grouped_backward_rows(rows: int, constant_dim: bool) -> list:
-    """Table rows planning the interpreter's one-pass backward in groups of `rows` source rows, on every vendor
-    (as specific as the table's interpreter rows, which they come ahead of)."""
-    params = dict(tile_elements=0, num_warps=4, max_warps=8, elements_per_thread=32, unroll=1, fill_cores=False,
-                  programs_per_core=2, constant_dim=constant_dim, group_rows=rows)
-    return [{"kernel": "bwd_onepass", "vendor": vendor, "arch": "*", "when": {"interpreted": True}, "params": params,
-             "run": "test"} for vendor in ("cuda", "ascend")]
-
-
-@pytest.mark.parametrize("path", KERNEL_PATHS)
-@pytest.mark.parametrize(("rows", "constant_dim"), [(1, True), (2, False), (4, True)])
-@settings(max_examples=8)
-@given(case=attn_res_cases(max_n=20, max_dim=130))
-def test_backward_in_row_groups_matches_einsum(path, rows, constant_dim, case):
-    """The one-pass backward in groups of `rows` source rows of one token (attn_res_bwd_grouped_kernel), from a
-    table row, against float64: every gradient, over several persistent programs (their partial sums stashed
-    where the plan allows), with the rows that dominate a 16-bit softmax waiting for the exact <g, out>."""
-    from fusedops.plans import candidate_rows
-
-    n, batch = case[0], case[1]
-    values, query, weight, eps, grad_out = build_inputs(case)
-    ref_out, ref_grads = reference_grads(values, query, weight, eps, grad_out)
-    assume(representable(ref_grads, values, query, weight))
-    with candidate_rows("attn_res", grouped_backward_rows(rows, constant_dim)), execution_path(path), \
-            fusedops.plan_override("attn_res", "backward", variant="rows"):
-        target = ar_op.target_for(values.device, values.dtype)
-        plan = ar_op.backward_plan(target, math.prod(batch), n, values.shape[-1], values.element_size(), True)
-        out, grads = run_op(values, query, weight, eps, grad_out)
-    if not (path == "ascend" and values.element_size() == 2):  # Ascend: 16-bit values take the two-phase kernel
-        assert (plan.one_pass, plan.block_n, plan.constant_dim) == (True, min(rows, next_pow2(n)), constant_dim)
-    assert_close("out", out, ref_out, values.dtype)
-    assert_grads_close(grads, ref_grads, values, query, weight, eps, grad_out)
 
 
 @pytest.mark.parametrize("path", KERNEL_PATHS)
@@ -853,6 +819,7 @@ def test_gpu_forward_in_row_groups(n, dim, rows, tokens_per_program, constant_di
     """The depth-tile forward in row groups at model widths (the H200 table's plans and their neighbours),
     from table rows of this GPU's arch, against the float64 definition; bitwise equal run to run."""
     from fusedops.attn_res.op import forward_plan
+    from fusedops.attn_res.plan import next_pow2
     from fusedops.plans import candidate_rows
 
     target = cuda_target(torch.device("cuda"))

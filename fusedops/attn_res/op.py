@@ -27,14 +27,13 @@ from fusedops.validation import (
 from . import reference
 from .kernels import (
     attn_res_bwd_depth_tile_kernel,
-    attn_res_bwd_grouped_kernel,
     attn_res_bwd_kernel,
     attn_res_bwd_onepass_kernel,
     attn_res_fwd_depth_tile_kernel,
     attn_res_fwd_kernel,
     attn_res_param_grad_kernel,
 )
-from .plan import OP, Plan, depth_tile_plan, grouped_backward_plan, make_plan, reduce_plan, stash_rows
+from .plan import OP, Plan, depth_tile_plan, make_plan, reduce_plan, stash_rows
 
 
 def check_args(values: Tensor, query: Tensor, norm_weight: Optional[Tensor], eps: float) -> None:
@@ -126,8 +125,7 @@ def _forward(
 def backward_plan(target: Target, tokens: int, sources: int, dim: int, elem_size: int, one_pass: bool) -> Plan:
     """The depth-tile plan when all N source rows of a token fit on chip (it needs neither out nor lse);
     else the one-pass plan when the forward's out and lse are at hand and a whole row fits on chip (on
-    Ascend, for fp32 values only), in row groups where the table says so (a one-pass plan with block_n > 0);
-    otherwise the two-phase plan. fusedops.plan_override("attn_res",
+    Ascend, for fp32 values only); otherwise the two-phase plan. fusedops.plan_override("attn_res",
     "backward", variant="two_phase" | "one_pass" | "depth_tile" | "rows", ...) forces one ("rows": the
     planner's choice without the depth tile; a forced one-pass plan runs only where out and lse are at
     hand and a whole row fits, else the two-phase kernel runs it)."""
@@ -147,10 +145,6 @@ def backward_plan(target: Target, tokens: int, sources: int, dim: int, elem_size
         # triton-ascend's adapter cannot lower the one-pass kernel's deferred 16-bit rows (a select between
         # pointer tensors, fusedops_tests/compile_ascend.py): on Ascend 16-bit values take the two-phase kernel.
         if variant in (None, "rows") and one_pass and not (target.vendor == "ascend" and elem_size < 4):
-            grouped = grouped_backward_plan(target, tokens, sources, dim, elem_size) if isinstance(sources, int) \
-                else None
-            if grouped is not None:
-                return grouped
             plan = make_plan(target, tokens, dim, elem_size, backward=True, one_pass=True)
             if plan.one_tile:
                 return plan
@@ -186,13 +180,12 @@ def _backward(
     saved = out is not None and lse is not None
     plan = backward_plan(target, tokens, n, dim, values.element_size(), saved)
     one_pass = plan.one_pass and plan.one_tile and saved
-    depth_tile = bool(plan.block_n) and not plan.one_pass  # a one-pass plan with block_n > 0 runs in row groups
     # One fp32 row of query/weight-gradient partial sums per program; not even allocated when only
     # grad_values is wanted (frozen mixing parameters). The depth-tile and one-pass kernels write every
     # row once, and stash it in grad_values where they can (stash_rows; `partial` then keeps the scalars
     # of the rows the stash overwrites); the two-phase kernel adds to its row per token block, so it
     # starts from zeros.
-    writes_once = (one_pass or depth_tile) and tokens > 0
+    writes_once = (one_pass or bool(plan.block_n)) and tokens > 0
     programs = plan.grid if tokens else 1
     stash = stash_rows(target, n, dim, values.element_size()) if writes_once and need_values and need_du else 0
     if stash and forced(OP, "backward").get("stash", stash) == 0:
@@ -217,17 +210,13 @@ def _backward(
                        partial_ptr=partial)
         walk = dict(N=n, T=tokens, D=dim, S1=s1, S2=s2, ST0=st0, ST1=st1, ST2=st2, STRIDE_N=values.stride(0),
                     DV_STEP=tokens * dim, eps=eps)
-        saved_rows = dict(out_ptr=out.contiguous(), lse_ptr=lse.contiguous()) if one_pass else {}
-        if depth_tile:
+        if plan.block_n:
             launch(attn_res_bwd_depth_tile_kernel, (plan.grid,), dict(rows_in, **walk),
                    dict(flags, BLOCK_N=plan.block_n, **stash_flags, **constant_dim))
-        elif one_pass and plan.block_n:
-            launch(attn_res_bwd_grouped_kernel, (plan.grid,), dict(rows_in, **saved_rows, **walk),
-                   dict(flags, DEFER=out.element_size() == 2, BLOCK_N=plan.block_n, **stash_flags, **constant_dim))
         elif one_pass:
             launch(
                 attn_res_bwd_onepass_kernel, (plan.grid,),
-                dict(rows_in, **saved_rows, **walk),
+                dict(rows_in, out_ptr=out.contiguous(), lse_ptr=lse.contiguous(), **walk),
                 dict(flags, DEFER=out.element_size() == 2, UNROLL=plan.unroll, BLOCK_T=plan.block_t, **stash_flags,
                      **constant_dim),
             )

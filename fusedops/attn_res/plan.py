@@ -54,7 +54,7 @@ class Plan:
     unroll: int = 1  # source rows loaded per depth step (2: two independent loads in flight)
     num_stages: int = 1
     one_pass: bool = False  # a plan of the one-pass backward kernel
-    block_n: int = 0  # > 0: a depth-tile kernel (forward or backward) or, one_pass, the grouped backward: rows a step
+    block_n: int = 0  # > 0: a plan of a depth-tile kernel (forward or backward) of block_n rows a step
     tokens_per_program: int = 0  # depth-tile forward: > 0 launches cdiv(tokens, it) programs, 0 a persistent grid
     constant_dim: bool = False  # depth-tile and one-pass kernels: D a compile-time constant (one compile per D)
 
@@ -106,24 +106,6 @@ def make_plan(target: Target, tokens: int, dim: int, elem_size: int, *, backward
     unroll = row["unroll"] if one_tile else 1
     return Plan(block_t=block_t, block_d=block_d, one_tile=one_tile, grid=grid, num_warps=num_warps, unroll=unroll,
                 one_pass=one_pass, constant_dim=bool(one_pass and row["constant_dim"]))
-
-
-@memoize
-def grouped_backward_plan(target: Target, tokens: int, sources: int, dim: int, elem_size: int) -> Plan | None:
-    """The one-pass backward in groups of the bwd_onepass row's group_rows source rows of one token a step
-    (attn_res_bwd_grouped_kernel; fewer where N is smaller), on the row's num_warps with programs_per_core
-    persistent programs per core; None where the row has no groups (0) or a group, with grad_out, the query and
-    the partial sums beside it, does not fit on chip. Where the rows came from: bench/NOTES.md, attn_res."""
-    row = resolve(OP, "bwd_onepass", target, **_features(target, elem_size, dim, tokens))
-    if not row["group_rows"]:
-        return None
-    block_d = max(next_pow2(dim), max(1, target.row_align // elem_size))
-    block_n = min(row["group_rows"], next_pow2(sources))
-    if (block_n + 3) * block_d * 4 * acc_scale(elem_size) > target.onchip_bytes:
-        return None
-    grid = torch.sym_min(tokens, target.vector_cores * row["programs_per_core"])
-    return Plan(block_t=1, block_d=block_d, one_tile=True, grid=grid, num_warps=row["num_warps"], one_pass=True,
-                block_n=block_n, constant_dim=row["constant_dim"])
 
 
 # The depth tiles hold all N source rows of a token at once. On CUDA the fp32 rows are the only
@@ -246,6 +228,5 @@ def stash_rows(target: Target, sources: int, dim: int, elem_size: int) -> int:
 
 on_reload(make_plan.cache_clear)
 on_reload(depth_tile_plan.cache_clear)
-on_reload(grouped_backward_plan.cache_clear)
 on_reload(reduce_plan.cache_clear)
 on_reload(stash_rows.cache_clear)

@@ -9,9 +9,8 @@ Usage: python -m fusedops.bench.tune_attn_res   (TUNE_FORWARD=0 / TUNE_BACKWARD=
        python -m fusedops.bench.tune_attn_res depth-fwd   (the depth tile forward in row groups against the planner)
        python -m fusedops.bench.tune_attn_res stash   (the whole backward with the partial sums stashed in grad_values
                                                        against their own buffer: time and peak memory)
-       python -m fusedops.bench.tune_attn_res bwd-dim   (the whole backward on the forward sweep's shapes: the grouped
-                                                         one-pass backward's rows x warps, D constant; fwd+bwd
-                                                         against fla)"""
+       python -m fusedops.bench.tune_attn_res bwd-dim   (the whole backward on the forward sweep's shapes: warps x
+                                                         programs per SM x D constant, fwd+bwd against fla)"""
 
 from __future__ import annotations
 
@@ -53,9 +52,8 @@ GROUPED_FWD_CONFIGS = [(r, w, p) for r, w in ((1, 4), (2, 4), (4, 4), (2, 8), (4
 GROUPED_FWD_CASES = [(9, 32768, 3072), (24, 2048, 6144), (9, 8192, 3584), (16, 512, 5120), (8, 8192, 7168),
                      (32, 8192, 7168), (12, 8192, 2304), (9, 8192, 1536), (6, 32768, 1024), (8, 32768, 2048),
                      (12, 32768, 4096), (3, 8192, 8192), (64, 2048, 8192), (4, 8192, 16384), (4, 32768, 12288)]
-# The backward sweep, D constant: (rows a step, warps) of the grouped one-pass backward at 4 programs per SM; rows 0:
-# the one-pass kernel (two rows in flight) on the planner's warps.
-BWD_GROUP_CONFIGS = [(0, 0)] + [(r, w) for r in (1, 2, 4) for w in (4, 8)]
+# The backward sweep: (warps, programs per SM, D constant) of the kernel the planner picks (one-pass or depth tile).
+BWD_DIM_CONFIGS = [(w, p, c) for w in (4, 8) for p in (2, 4) for c in (False, True)]
 DEPTH_CASES = [(n, d) for d in (1024, 2048, 4096, 7168, 8192, 16384) for n in (2, 3, 4, 6, 8, 16, 32)
                if next_pow2(n) * next_pow2(d) <= 32768]
 
@@ -187,9 +185,9 @@ def sweep_depth_tile_forward() -> None:
 def sweep_backward_dim() -> None:
     """The whole backward (kernel and reduction; every gradient of bf16 values and fp32 query/weight, given the
     forward's out and lse), CUDA-graph replays, on the forward sweep's cases (TUNE_CASES replaces them): the
-    planner's plan against the one-pass backward with D a compile-time constant, in groups of 1, 2 or 4 rows on
-    4 or 8 warps (BWD_GROUP_CONFIGS); then the planned forward plus the best backward against fla-core's
-    forward+backward step, as % of copy of (N + 1) + (2N + 1) rows."""
+    planner's plan against its kernel (one-pass or depth tile) on 4 or 8 warps x 2 or 4 programs per SM x D a
+    compile-time constant or not; then forward+backward steps, ours and fla-core's, as % of copy of
+    (N + 1) + (2N + 1) rows."""
     from fusedops.attn_res.op import backward_plan
     from fusedops.bench.attn_res import fla
     from fusedops.bench.common import MissingBaseline, cuda_graph_step
@@ -207,33 +205,32 @@ def sweep_backward_dim() -> None:
         step_bytes = nbytes + (n + 1) * tokens * dim * 2
         ref = _backward(g, v, q, w, 1e-6, True, True, True, target, out, lse)
         planned = _replay_ms(lambda: _backward(g, v, q, w, 1e-6, True, True, True, target, out, lse))
-        base = make_plan(target, tokens, dim, 2, backward=True, one_pass=True)
-        kind = backward_plan(target, tokens, n, dim, 2, True)
-        best = (planned, "planned " + ("depth tile" if kind.block_n else "one-pass" if kind.one_pass else "two-phase"))
-        for rows, warps in BWD_GROUP_CONFIGS if base.one_tile else ():
-            block_n = min(rows, next_pow2(n))
-            plan = dataclasses.replace(base, constant_dim=True, block_n=block_n)
-            if rows:
-                plan = dataclasses.replace(plan, block_t=1, num_warps=warps,
-                                           grid=min(tokens, 4 * target.vector_cores))
-                if not 8 <= block_n * plan.block_d // (32 * warps) <= 128 or (rows > 1 and block_n < rows):
-                    continue
+        base = backward_plan(target, tokens, n, dim, 2, True)
+        kind = "depth tile" if base.block_n else "one-pass" if base.one_pass and base.one_tile else "two-phase"
+        best = (planned, f"planned {kind}")
+        for warps, per_sm, const in BWD_DIM_CONFIGS if kind != "two-phase" else ():
+            per_thread = base.block_t * base.block_d * max(1, base.block_n) // (32 * warps)
+            if not 8 <= per_thread <= 128:
+                continue
+            plan = dataclasses.replace(base, num_warps=warps, grid=min(tokens, per_sm * target.vector_cores),
+                                       constant_dim=const)
             got = _bwd(plan, g, v, q, w, target, out, lse)
             err = max(((a.float() - b.float()).norm() / b.float().norm()).item() for a, b in zip(got, ref))
             ms = _replay_ms(lambda: _bwd(plan, g, v, q, w, target, out, lse))
-            label = f"rows {block_n} w{plan.num_warps} 4/SM" if rows else f"one-pass w{plan.num_warps} D const"
+            label = f"{kind} w{warps} {per_sm}/SM{' D const' if const else ''}"
             print(f"{case} {label}: {ms:.4f} ms {100 * nbytes / ms / 1e9 / ceiling:.1f}% err {err:.1e}", flush=True)
             best = min(best, (ms, label))
-        forward = _replay_ms(lambda: _forward(v, q, w, 1e-6, target))
-        try:
-            fla_step = triton.testing.do_bench(cuda_graph_step(fla, (v, q, w)), return_mode="median")
-        except MissingBaseline:
-            fla_step = float("nan")
-        table.append((case, planned, *best, forward + best[0], fla_step, nbytes, step_bytes))
+        steps = {}
+        for name, fn in (("fusedops", lambda a, b, c: fusedops.attn_res(a, b, c)), ("fla", fla)):
+            try:
+                steps[name] = triton.testing.do_bench(cuda_graph_step(fn, (v, q, w)), return_mode="median")
+            except MissingBaseline:
+                steps[name] = float("nan")
+        table.append((case, planned, *best, steps["fusedops"], steps["fla"], nbytes, step_bytes))
         del v, g, out, ref
         torch.cuda.empty_cache()
-    print("\ncase | planned bwd ms (% copy) | best bwd ms (config, % copy) | fwd + best bwd ms (% copy) | "
-          "fla fwd+bwd ms (% copy)")
+    print("\ncase | planned bwd ms (% copy) | best bwd ms (config, % copy) | fwd+bwd fusedops ms (% copy) | "
+          "fwd+bwd fla ms (% copy)")
     for case, t_plan, t_best, cfg, t_ours, t_fla, nb, sb in table:
         pct = lambda ms, b: 100 * b / ms / 1e9 / ceiling  # noqa: E731
         print(f"{case} | {t_plan:.4f} ({pct(t_plan, nb):.1f}%) | {t_best:.4f} ({cfg}, {pct(t_best, nb):.1f}%) | "
@@ -382,7 +379,7 @@ def _kernels(name: str) -> dict:
 
 def _force(kind: str, plan: Plan):
     """plan_override forcing `plan` (its kernel variant and fields) on the forward or backward."""
-    variant = ("one_pass" if plan.one_pass else "depth_tile" if plan.block_n else
+    variant = ("depth_tile" if plan.block_n else "one_pass" if plan.one_pass else
                "two_phase" if kind == "backward" else "online")
     names = ("block_t", "block_d", "grid", "num_warps", "unroll", "num_stages", "block_n", "constant_dim")
     if kind == "forward":
