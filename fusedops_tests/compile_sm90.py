@@ -29,6 +29,7 @@ from fusedops.block_attn_res import op as block_attn_res
 from fusedops.embedding import op as embedding
 from fusedops.launch import bind, split
 from fusedops.neighborhood_attention import op as na
+from fusedops.plans import plan_override
 from fusedops.targets import CUDA_ONCHIP_BYTES, Target
 
 H100 = Target(vendor="cuda", vector_cores=132, matrix_cores=132, onchip_bytes=CUDA_ONCHIP_BYTES,
@@ -114,11 +115,13 @@ def run_ops(target: Target = H100) -> None:
         block_attn_res._merge_forward(x, lse, x, queries[0], None, None, None, 1e-6, 1e-6, target)
         block_attn_res._merge_backward(x, x, x, lse, x, queries[0], gain, 1e-6, 1e-6, True, True, True, True, True,
                                        target)
-    # embedding
+    # embedding; the backward's sort path and its scan kernel, whatever the target's scan threshold
     for dim, dtype in ((4096, bf16), (768, f32), (768, f64)):
         weight, indices = torch.randn(1000, dim, dtype=dtype), torch.randint(0, 1000, (64,))
         embedding._forward(weight, indices, target)
-        embedding._backward(torch.randn(64, dim, dtype=dtype), indices, 1000, -1, True, target)
+        for scan_tokens in (0, 64):
+            with plan_override("embedding", "bwd", scan_tokens=scan_tokens):
+                embedding._backward(torch.randn(64, dim, dtype=dtype), indices, 1000, -1, True, target)
     # neighborhood attention: 1D narrow and wide windows, 2D, 3D, fp32 (ieee dots), truncated + causal,
     # head dim 256; then fp32 with TF32 dots
     for shape, kernel, dtype, window, causal in (

@@ -9,13 +9,13 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import fusedops
 from fusedops.embedding import op as emb_op
 from fusedops.embedding.kernels import embedding_bwd_kernel, embedding_fwd_kernel
-from fusedops.embedding.plan import make_plan
+from fusedops.embedding.plan import backward_plan, make_plan
 from fusedops.targets import ascend_target, cuda_target
 
 from .compile_sm90 import H100
@@ -33,6 +33,7 @@ from .helpers import (
     execution_path,
     gpu,
     opaque_triton_ops,
+    recorded_launches,
 )
 
 TILED_BUDGET = 1024  # bytes: forces multi-tile grids and feature blocks of 8-32 elements on both plans
@@ -233,6 +234,100 @@ def test_backward_long_runs_split_into_chunks(path, lengths, monkeypatch):
             assert_close("grad_weight", got, want, torch.float32)
         again = torch.ops.fusedops.embedding_backward(grad_out, indices, V, pad, scale)  # the last config again
         assert torch.equal(got, again)
+
+
+@st.composite
+def scan_problems(draw):
+    """Small batches for the two backward paths: heavy repeats (runs past the interpreter plans' 16-token
+    chunk), padding, index views read through a stride or an expand, grad_out rows of mixed magnitudes
+    (so that any other summation order changes the bits) read through strides, several feature tiles."""
+    V = draw(st.integers(1, 12))
+    return dict(
+        V=V, D=draw(st.integers(1, 40)), tokens=draw(st.integers(0, 40)),
+        pool=draw(st.sampled_from(["all", "few", "one"])),
+        padding=draw(st.one_of(st.none(), st.integers(-V, V - 1))), scale=draw(st.booleans()),
+        dtype=draw(st.sampled_from([torch.float32, torch.bfloat16, torch.float64])),
+        index_dtype=draw(st.sampled_from(INDEX_DTYPES)),
+        index_layout=draw(st.sampled_from(["contiguous", "step", "expanded"])),
+        grad_layout=draw(st.sampled_from(["contiguous", "slice", "expanded"])),
+        scan_block=draw(st.sampled_from([2, 4, 16])), tiled=draw(st.booleans()),
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )
+
+
+def build_scan_problem(p):
+    gen = torch.Generator().manual_seed(p["seed"])
+    V, D, n = p["V"], p["D"], p["tokens"]
+    high = {"all": V, "few": min(V, 2), "one": 1}[p["pool"]]
+    if p["index_layout"] == "step":
+        indices = torch.randint(0, high, (2 * n,), generator=gen)[::2]
+    elif p["index_layout"] == "expanded":
+        indices = torch.randint(0, high, (), generator=gen).expand(n)
+    else:
+        indices = torch.randint(0, high, (n,), generator=gen)
+    magnitudes = torch.exp(3 * torch.randn(n, 1, generator=gen))
+    if p["grad_layout"] == "slice":
+        grad_out = (torch.randn(n, D + 3, generator=gen) * magnitudes)[:, 1 : 1 + D]
+    elif p["grad_layout"] == "expanded":
+        grad_out = torch.randn(1, D, generator=gen).expand(n, D)
+    else:
+        grad_out = torch.randn(n, D, generator=gen) * magnitudes
+    return indices.to(p["index_dtype"]), grad_out.to(p["dtype"])
+
+
+SCAN_CASE = dict(V=5, D=20, tokens=40, pool="one", padding=None, scale=True, dtype=torch.float32,
+                 index_dtype=torch.int64, index_layout="contiguous", grad_layout="contiguous", scan_block=4,
+                 tiled=True, seed=1)
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+@given(p=scan_problems())
+@settings(max_examples=8)
+# always: a run of 40 tokens (chunks of 16, 16 and 8) over ten scan steps and three feature tiles; two runs
+# of about 20 tokens, one of them the padding row's, in 16-index steps
+@example(p=SCAN_CASE)
+@example(p=dict(SCAN_CASE, pool="few", padding=0, scan_block=16, index_dtype=torch.int32, index_layout="step"))
+def test_scan_backward_gives_the_sort_paths_bits(path, p):
+    """The sort-free backward of small batches (forced with scan_tokens) stores exactly the sort path's
+    bits, in one launch: each run summed in token order by chunks of run_chunk tokens, chunk sums added
+    in chunk order, scaled after; padding and unnamed rows zero."""
+    indices, grad_out = build_scan_problem(p)
+    grads, kernels = [], []
+    with execution_path(path, TILED_BUDGET if p["tiled"] else None), _env(FUSEDOPS_ASCEND_VECTOR_CORES=FEW_CORES):
+        on_kernels = emb_op.target_for(grad_out.device, grad_out.dtype) is not None  # not float64 on Ascend
+        for forced in (dict(scan_tokens=0), dict(scan_tokens=10**6, scan_block=p["scan_block"])):
+            with fusedops.plan_override("embedding", "bwd", **forced), recorded_launches(emb_op) as launches:
+                grads.append(torch.ops.fusedops.embedding_backward(grad_out, indices, p["V"], p["padding"], p["scale"]))
+            kernels.append([name for name, _, _ in launches])
+    sort, scan = grads
+    assert kernels[1] == (["embedding_bwd_scan_kernel"] if p["tokens"] and on_kernels else [])
+    assert "embedding_bwd_scan_kernel" not in kernels[0]
+    assert scan.dtype == p["dtype"] and torch.equal(scan, sort)
+    want = torch_reference(torch.zeros(p["V"], p["D"]), indices, grad_out, p["padding"], p["scale"])[1]
+    assert_close("grad_weight", scan, want, torch.float32 if p["dtype"] == torch.float64 else p["dtype"])
+
+
+@pytest.mark.ascend
+def test_backward_path_follows_the_batch_size():
+    """The plan takes the scan kernel for a known batch of at most bwd_scan's max_tokens (4096 on the
+    H100's rows, 64 on the interpreter's CUDA plan, none on Ascend), the sort path otherwise: a symbolic
+    batch (a dynamic-shape graph, which serves every size) always. plan_override's scan_tokens picks."""
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    symbolic = ShapeEnv().create_unbacked_symint()
+
+    def scans(target, tokens):
+        return backward_plan(target, 1000, 768, 2, tokens).scans(tokens)
+
+    interpreted = cuda_target(interpreted=True)
+    assert scans(H100, 4096) and not scans(H100, 4097) and not scans(H100, symbolic)
+    assert scans(interpreted, 64) and not scans(interpreted, 65)
+    assert not any(scans(ascend_target(interpreted=i), 1) for i in (False, True))
+    with fusedops.plan_override("embedding", "bwd", scan_tokens=0):
+        assert not scans(H100, 1)
+    with fusedops.plan_override("embedding", "bwd", scan_tokens=10**6, block_d=128):
+        plan = backward_plan(ascend_target(), 1000, 768, 2, 5000)
+        assert plan.scans(5000) and plan.block_d == 128 and not scans(ascend_target(), symbolic)
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -641,6 +736,24 @@ class TestGPU:
             assert_close("grad_weight", grad, ref_grad, dtype)
             again = torch.ops.fusedops.embedding_backward(grad_out, indices, V, pad, scale)
             assert torch.equal(again, grad), "backward not bitwise reproducible"
+
+    @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+    def test_scan_backward_gives_the_sort_paths_bits(self, dtype):
+        """The compiled scan kernel stores the sort path's bits: runs of one token to six chunks of 256
+        (merged), padding, scale_grad_by_freq, int32 indices read through a stride."""
+        gen = torch.Generator().manual_seed(6)
+        V, D, tokens = 50257, 1600, 4096
+        indices = torch.randint(0, 300, (2 * tokens,), generator=gen, dtype=torch.int32)
+        indices[::6] = 7  # every third strided token: a run of ~1370, six chunks
+        indices = indices.cuda()[::2]
+        grad_out = torch.randn(tokens, D, generator=gen) * torch.exp(3 * torch.randn(tokens, 1, generator=gen))
+        grad_out = grad_out.to("cuda", dtype)
+        for pad, scale in [(None, False), (7, True), (11, False)]:
+            grads = []
+            for scan_tokens in (0, tokens):
+                with fusedops.plan_override("embedding", "bwd", scan_tokens=scan_tokens):
+                    grads.append(torch.ops.fusedops.embedding_backward(grad_out, indices, V, pad, scale))
+            assert torch.equal(grads[0], grads[1]), (pad, scale)
 
     @pytest.mark.parametrize("padding_idx, scale", [(None, False), (2, True)])
     def test_double_backward_is_the_true_derivative(self, padding_idx, scale):

@@ -247,6 +247,16 @@ def test_embedding_plans_fit():
             assert 1 <= plan.grid <= min(ASCEND_MAX_GRID, target.vector_cores), case
             assert plan.block_rows * plan.block_d * per <= target.onchip_bytes, case
             assert (plan.block_d * elem) % target.row_align == 0, case
+        # the scan backward (forced on Ascend), any batch: one accumulator row, the closed chunks' row and
+        # SCAN_ROWS gradient rows (raw and upcast)
+        for tokens, dim, elem in itertools.product(TOKENS, DIMS, (2, 4, 8)):
+            base = P.make_plan(target, 1000, dim, elem, backward=True, tokens=tokens)
+            plan = P.scan_plan(target, dim, elem, tokens, base)
+            acc = 8 if elem == 8 else 4
+            case = (target.onchip_bytes, tokens, dim, elem, plan)
+            assert 1 <= plan.grid <= min(ASCEND_MAX_GRID, target.vector_cores), case
+            assert plan.block_d * (2 * acc + P.SCAN_ROWS * (elem + acc)) <= target.onchip_bytes, case
+            assert (plan.block_d * elem) % target.row_align == 0, case
 
 
 def test_neighborhood_attention_plans_fit():

@@ -1,17 +1,21 @@
 """Triton kernels for embedding. One source for the CUDA and the Ascend plans.
 
-Both kernels walk a flat list of 2D tiles with a grid-stride loop (tile = pid, pid + grid, ...):
-the CUDA plan launches one program per tile (the loop runs once), the Ascend plan launches one
+The kernels walk a flat list of 2D tiles or work items with a grid-stride loop (tile = pid, pid + grid,
+...): the CUDA plan launches one program per tile (the loop runs once), the Ascend plan launches one
 program per vector core and each loops over its share. Tiles are (rows x features); a tile index
 splits into (row block, feature block) with the feature block fastest, so neighbouring programs
 share the same indices. Every offset is int64, so tokens x D and V x stride never overflow.
 
-Only tl.load / tl.store, tl.where, scalar branches and loops over range: the kernels run unchanged
-under the Triton interpreter and triton-ascend.
+Only tl.load / tl.store, tl.where, tl.sum / tl.cumsum, scalar branches and loops (for, while): the
+kernels run unchanged under the Triton interpreter and triton-ascend.
 
-The kernels that read the indices (the forward and the backward's sort keys) are compiled in Triton's
-debug mode for their one `tl.device_assert`: an index outside [0, V) stops the kernel with a device-side
-assert, as torch's own embedding does, without the host ever reading the indices. The launch turns
+The backward has two paths with the same bits: the sort path (run keys, torch's stable sort, run
+offsets, embedding_bwd_kernel and, for runs longer than a chunk, embedding_bwd_merge_kernel) and, for
+small batches, embedding_bwd_scan_kernel alone on a zeroed grad_weight.
+
+The kernels that read the indices (the forward, the backward's sort keys and its scan) are compiled in
+Triton's debug mode for their one `tl.device_assert`: an index outside [0, V) stops the kernel with a
+device-side assert, as torch's own embedding does, without the host ever reading the indices. The launch turns
 Triton's integer-overflow checks (also part of debug mode) back off. The interpreter compiles asserts
 out; CPU tensors are checked on the host instead, where that costs no synchronisation.
 """
@@ -210,6 +214,132 @@ def embedding_bwd_merge_kernel(part_ptr, keys_ptr, offs_ptr, gw_ptr, V, D, N, PA
             if SCALE:
                 acc = acc / (stop - start).to(acc.dtype)
             tl.store(gw_ptr + key * D + d, acc.to(gw_ptr.dtype.element_ty), mask=d_mask)
+
+
+@triton.jit
+def _match_row(g_ptr, pos, hit, rank, k, count, G_S0, cols, d_mask):
+    """The gradient row ([1, BLOCK_D]) of the k-th hit (from 0) of a scanned block of tokens, zeros when
+    k >= count: pos, hit and rank ([1, SCAN_BLOCK] each) are the block's token positions, which of them
+    hold the index, and how many hits come before each."""
+    t = tl.sum(tl.where(hit & (rank == k), pos, 0)).to(tl.int64)  # 0 where there is no k-th hit: a valid row
+    return tl.load(g_ptr + t * G_S0 + cols, mask=mask_if(k < count, d_mask), other=0.0)
+
+
+@triton.jit
+def _four_matches(g_ptr, pos, hit, rank, k0, count, G_S0, cols, d_mask):
+    """The gradient rows of hits k0 .. k0 + 3 of a scanned block (see _match_row), loads issued together."""
+    g0 = _match_row(g_ptr, pos, hit, rank, k0, count, G_S0, cols, d_mask)
+    g1 = _match_row(g_ptr, pos, hit, rank, k0 + 1, count, G_S0, cols, d_mask)
+    g2 = _match_row(g_ptr, pos, hit, rank, k0 + 2, count, G_S0, cols, d_mask)
+    g3 = _match_row(g_ptr, pos, hit, rank, k0 + 3, count, G_S0, cols, d_mask)
+    return g0, g1, g2, g3
+
+
+@triton.jit
+def _take(acc, total, g, n, valid, CHUNK: tl.constexpr):
+    """(acc, total) after adding gradient row g, the run's n-th token (from 0; nothing unless valid), the
+    way the sort path sums a run: acc is the sum of the current chunk of CHUNK tokens, from zero in token
+    order; when n starts a new chunk, the finished one goes into total (the finished chunks' sum, added in
+    chunk order as embedding_bwd_merge_kernel adds them) and acc restarts from zero."""
+    close = valid & (n > 0) & (n % CHUNK == 0)
+    total = tl.where(close, tl.where(n == CHUNK, acc, total + acc), total)
+    acc = tl.where(close, 0.0, acc) + g.to(acc.dtype)  # an invalid g is a masked zero: acc + 0 is acc
+    return acc, total
+
+
+@triton.jit
+def _take4(acc, total, g0, g1, g2, g3, n0, stop, CHUNK: tl.constexpr):
+    """_take of the run's tokens n0 .. n0 + 3 (those below stop), in that order."""
+    acc, total = _take(acc, total, g0, n0, n0 < stop, CHUNK)
+    acc, total = _take(acc, total, g1, n0 + 1, n0 + 1 < stop, CHUNK)
+    acc, total = _take(acc, total, g2, n0 + 2, n0 + 2 < stop, CHUNK)
+    acc, total = _take(acc, total, g3, n0 + 3, n0 + 3 < stop, CHUNK)
+    return acc, total
+
+
+@triton.jit
+def _first_occurrence(idx_ptr, i, t, IDX_S, lanes, SCAN_BLOCK: tl.constexpr):
+    """Whether no token before t holds index i: idx[0 .. t) read SCAN_BLOCK indices a step (lanes:
+    arange(SCAN_BLOCK) as a [1, SCAN_BLOCK] row), up to the first step that finds i."""
+    first = t >= 0
+    start = t * 0
+    while first & (start < t):
+        pos = start + lanes
+        before = tl.load(idx_ptr + pos.to(tl.int64) * IDX_S, mask=pos < t, other=0)
+        first = tl.sum(((before == i) & (pos < t)).to(tl.int32)) == 0
+        start += SCAN_BLOCK
+    return first
+
+
+@triton.jit
+def _scan_row(idx_ptr, g_ptr, i, t, N, D, IDX_S, G_S0, G_S1, d, lanes,
+              SCALE: tl.constexpr, BLOCK_D: tl.constexpr, SCAN_BLOCK: tl.constexpr, CHUNK: tl.constexpr,
+              ACC: tl.constexpr):
+    """Row i of grad_weight (feature columns d, [1, BLOCK_D]) from the tokens t' >= t with idx[t'] == i,
+    t being i's first token: the sort path's bits (see _take), divided by the run's length under SCALE.
+    idx[t .. N) is read SCAN_BLOCK indices a step; the hits of a step are summed in token order, four,
+    then eight gradient rows loaded before they are added, as embedding_bwd_kernel does."""
+    cols = d * G_S1
+    d_mask = d < D
+    acc = tl.zeros([1, BLOCK_D], dtype=ACC)
+    total = tl.zeros([1, BLOCK_D], dtype=ACC)
+    n = t * 0  # the run's tokens summed so far
+    for start in range(t, N, SCAN_BLOCK):
+        pos = start + lanes
+        later = tl.load(idx_ptr + pos.to(tl.int64) * IDX_S, mask=pos < N, other=0)
+        hits = ((later == i) & (pos < N)).to(tl.int32)
+        hit = hits != 0
+        rank = tl.cumsum(hits, axis=1) - hits  # hits before each position of the step
+        count = tl.sum(hits)
+        if count > 0:
+            g0, g1, g2, g3 = _four_matches(g_ptr, pos, hit, rank, 0, count, G_S0, cols, d_mask)
+            acc, total = _take4(acc, total, g0, g1, g2, g3, n, n + count, CHUNK)
+            for k in range(4, count, 8):
+                g0, g1, g2, g3 = _four_matches(g_ptr, pos, hit, rank, k, count, G_S0, cols, d_mask)
+                g4, g5, g6, g7 = _four_matches(g_ptr, pos, hit, rank, k + 4, count, G_S0, cols, d_mask)
+                acc, total = _take4(acc, total, g0, g1, g2, g3, n + k, n + count, CHUNK)
+                acc, total = _take4(acc, total, g4, g5, g6, g7, n + k + 4, n + count, CHUNK)
+        n += count
+    row = tl.where(n > CHUNK, total + acc, acc)  # a run of at most CHUNK tokens is its one chunk sum
+    if SCALE:
+        row = row / n.to(ACC)
+    return row
+
+
+@triton.jit(debug=True)
+def embedding_bwd_scan_kernel(
+    idx_ptr, g_ptr, gw_ptr,
+    N, V, D, IDX_S, G_S0, G_S1, PAD,
+    SCALE: tl.constexpr, BLOCK_D: tl.constexpr, SCAN_BLOCK: tl.constexpr, CHUNK: tl.constexpr,
+    F64: tl.constexpr = False,  # the op passes it (wrap_triton takes no defaults); direct launches may not
+):
+    """The backward without a sort, for small batches: grad_weight (zeroed by the caller, [V, D]
+    contiguous) gets, in the row of each index named by the N tokens idx[t * IDX_S], exactly the bits
+    embedding_bwd_kernel and embedding_bwd_merge_kernel store there (the run summed in token order in
+    chunks of CHUNK tokens, fp32, fp64 under F64; divided by its length under SCALE).
+
+    Work item = token t x feature block, in a grid-stride loop. The item of the first token naming an
+    index (it scans the tokens before it) owns that row: it walks the later tokens for the others and
+    stores the row once; every other item stores nothing. Rows no token names and the padding row (PAD,
+    -1 for none) keep the caller's zeros. An index outside [0, V) fails the device assert; where asserts
+    are compiled out it contributes nothing. Index scans cost O(N) per item and a run is summed by one
+    program: the plan takes this path for small batches only.
+    """
+    ACC = tl.float64 if F64 else tl.float32
+    d_blocks = tl.cdiv(D, BLOCK_D)
+    # 2D rows only, as in embedding_bwd_kernel (Triton 3.6/3.7's layout bug with 1D vectors beside 2D tiles)
+    lanes = tl.arange(0, SCAN_BLOCK)[None, :]
+    for item in range(tl.program_id(0), N * d_blocks, tl.num_programs(0)):
+        t = item // d_blocks
+        d = (item - t * d_blocks).to(tl.int64) * BLOCK_D + tl.arange(0, BLOCK_D)[None, :]
+        i = tl.load(idx_ptr + t.to(tl.int64) * IDX_S).to(tl.int64)
+        ok = (i >= 0) & (i < V)
+        tl.device_assert(ok, "fusedops.embedding_backward: an index is outside [0, num_weights)")
+        if ok & (i != PAD):
+            if _first_occurrence(idx_ptr, i, t, IDX_S, lanes, SCAN_BLOCK):
+                row = _scan_row(idx_ptr, g_ptr, i, t, N, D, IDX_S, G_S0, G_S1, d, lanes,
+                                SCALE, BLOCK_D, SCAN_BLOCK, CHUNK, ACC)
+                tl.store(gw_ptr + i * D + d, row.to(gw_ptr.dtype.element_ty), mask=d < D)
 
 
 @triton.jit(debug=True)

@@ -18,11 +18,12 @@ from . import reference
 from .kernels import (
     embedding_bwd_kernel,
     embedding_bwd_merge_kernel,
+    embedding_bwd_scan_kernel,
     embedding_fwd_kernel,
     embedding_run_keys_kernel,
     embedding_run_offsets_kernel,
 )
-from .plan import MAX_LOG_TOKENS, OFFSETS_BLOCK, RUN_BLOCK, forced_plan, make_plan, run_key_dtype
+from .plan import MAX_LOG_TOKENS, OFFSETS_BLOCK, RUN_BLOCK, backward_plan, forced_plan, make_plan, run_key_dtype
 
 INDEX_DTYPES = (torch.int32, torch.int64)
 CHECK_BOUNDS = ("device", "host")
@@ -150,14 +151,43 @@ def _sorted_runs(indices: Tensor, num_weights: int, target: Target) -> tuple[Ten
 def _backward(
     grad_out: Tensor, indices: Tensor, num_weights: int, padding_idx: int, scale_grad_by_freq: bool, target: Target
 ) -> Tensor:
+    """grad_weight on the plan's path: the scan kernel (a small batch) or the sort path, the same bits."""
+    dim = grad_out.shape[-1]
+    if num_weights == 0 or dim == 0:
+        return grad_out.new_empty((num_weights, dim))
+    tokens = indices.numel()
+    plan = backward_plan(target, num_weights, dim, grad_out.element_size(), tokens)
+    run = _scan_backward if plan.scans(tokens) else _sort_backward
+    return run(grad_out, indices, num_weights, padding_idx, scale_grad_by_freq, target, plan)
+
+
+def _scan_backward(grad_out, indices, num_weights, padding_idx, scale_grad_by_freq, target, plan) -> Tensor:
+    """A zeroed grad_weight, then embedding_bwd_scan_kernel: no sort, one launch."""
+    dim = grad_out.shape[-1]
+    grad_weight = grad_out.new_zeros((num_weights, dim))
+    tokens = indices.numel()
+    if tokens == 0:
+        return grad_weight
+    flat, stride = flat_indices(indices)
+    grad2d = grad_out.reshape(-1, dim)
+    launch(
+        embedding_bwd_scan_kernel, (plan.grid,),
+        dict(idx_ptr=flat, g_ptr=grad2d, gw_ptr=grad_weight, N=tokens, V=num_weights, D=dim, IDX_S=stride,
+             G_S0=grad2d.stride(0), G_S1=grad2d.stride(1), PAD=padding_idx),
+        dict(SCALE=scale_grad_by_freq, BLOCK_D=plan.block_d, SCAN_BLOCK=plan.scan_block, CHUNK=plan.run_chunk,
+             F64=grad_out.dtype == torch.float64, num_warps=plan.num_warps),
+    )
+    return grad_weight
+
+
+def _sort_backward(grad_out, indices, num_weights, padding_idx, scale_grad_by_freq, target, plan) -> Tensor:
+    """The sorted runs, then embedding_bwd_kernel (and embedding_bwd_merge_kernel for runs longer than a
+    chunk), which write every row of grad_weight exactly once."""
     dim = grad_out.shape[-1]
     grad_weight = grad_out.new_empty((num_weights, dim))
-    if num_weights == 0 or dim == 0:
-        return grad_weight
     tokens = indices.numel()
     keys, perm, offsets = _sorted_runs(indices, num_weights, target)
     grad2d = grad_out.reshape(-1, dim)
-    plan = forced_plan(make_plan(target, num_weights, dim, grad_out.element_size(), backward=True, tokens=tokens), "bwd")
     chunk = plan.run_chunk
     # Partial sums of the chunks of runs longer than one chunk (see embedding_bwd_merge_kernel); a batch
     # of at most one chunk has no such run, and skips the buffer and the merge.
@@ -256,10 +286,13 @@ def _double_backward_rule(ctx, grad_grad_weight):
 def embedding_backward_op(
     grad_out: Tensor, indices: Tensor, num_weights: int, padding_idx: Optional[int], scale_grad_by_freq: bool
 ) -> Tensor:
-    """The weight gradient of embedding, [num_weights, D] in grad_out's dtype. Deterministic: a
-    stable sort of the indices, then one launch sums each run of equal indices in fp32 in token order
-    and stores its row, and stores zeros to the rows no index names: every row written exactly once,
-    no atomics. An index outside [0, num_weights) is refused as by the forward op."""
+    """The weight gradient of embedding, [num_weights, D] in grad_out's dtype. Deterministic, no
+    atomics: each run of equal indices is summed in fp32 (fp64 for float64) in token order, by chunks of
+    the plan's run_chunk tokens added in chunk order, and its row stored once. Two paths give the same
+    bits: a stable sort of the indices, then one launch that stores each run's row and zeros to the rows
+    no index names (a second one merges runs longer than a chunk); or, for a batch of at most the plan's
+    scan_tokens, a zeroed grad_weight and one launch in which the first token of each index scans the
+    batch for its run (no sort). An index outside [0, num_weights) is refused as by the forward op."""
     check_backward_args(grad_out, indices, num_weights, padding_idx)
     check_cpu_indices(indices, num_weights)
     return _run_backward(grad_out, indices, num_weights, padding_idx, scale_grad_by_freq)
@@ -329,7 +362,7 @@ def embedding(
         [*indices.shape, D] in weight's dtype.
 
     Differentiable in weight; the backward is the op ``fusedops::embedding_backward``
-    (deterministic, bitwise reproducible, writes grad_weight once, fp32 accumulation, fp64 for float64), itself
+    (deterministic, bitwise reproducible, no atomics, fp32 accumulation, fp64 for float64), itself
     differentiable in its output gradient, so double backward (Hessian-vector products) works.
     Raises ValueError naming the argument on bad input.
     """
