@@ -309,7 +309,7 @@ def test_scan_backward_gives_the_sort_paths_bits(path, p):
 
 @pytest.mark.ascend
 def test_backward_path_follows_the_batch_size():
-    """The plan takes the scan kernel for a known batch of at most bwd_scan's max_tokens (4096 on the
+    """The plan takes the scan kernel for a known batch of at most bwd_scan's max_tokens (2048 on the
     H100's rows, 64 on the interpreter's CUDA plan, none on Ascend), the sort path otherwise: a symbolic
     batch (a dynamic-shape graph, which serves every size) always. plan_override's scan_tokens picks."""
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
@@ -320,7 +320,7 @@ def test_backward_path_follows_the_batch_size():
         return backward_plan(target, 1000, 768, 2, tokens).scans(tokens)
 
     interpreted = cuda_target(interpreted=True)
-    assert scans(H100, 4096) and not scans(H100, 4097) and not scans(H100, symbolic)
+    assert scans(H100, 2048) and not scans(H100, 2049) and not scans(H100, symbolic)
     assert scans(interpreted, 64) and not scans(interpreted, 65)
     assert not any(scans(ascend_target(interpreted=i), 1) for i in (False, True))
     with fusedops.plan_override("embedding", "bwd", scan_tokens=0):
