@@ -144,12 +144,9 @@ def sweep_depth_tile_forward() -> None:
     off a power of two (TUNE_CASES="N,tokens,D;..." replaces them). TUNE_RULE_ARCH=sm90-h200: instead of the
     sweep, the plan that arch's table rows give each shape."""
     dev, target, ceiling = _cuda_setup()
-    cases = [tuple(int(x) for x in c.split(",")) for c in os.environ["TUNE_CASES"].split(";")] \
-        if os.environ.get("TUNE_CASES") else GROUPED_FWD_CASES
     table = []
-    for n, tokens, dim in cases:
-        v = torch.randn(n, tokens, dim, device=dev, dtype=torch.bfloat16)
-        q, w = torch.randn(dim, device=dev) * 0.05, torch.rand(dim, device=dev) + 0.5
+    for n, tokens, dim in _wide_cases():
+        v, q, w = _wide_inputs(n, tokens, dim, dev)
         nbytes, case = (n + 1) * tokens * dim * 2, f"N{n} T{tokens} D{dim}"
         ref = _forward(v, q, w, 1e-6, target)
         planned = _replay_ms(lambda: _forward(v, q, w, 1e-6, target))
@@ -193,12 +190,9 @@ def sweep_backward_dim() -> None:
     from fusedops.bench.common import MissingBaseline, cuda_graph_step
 
     dev, target, ceiling = _cuda_setup()
-    cases = [tuple(int(x) for x in c.split(",")) for c in os.environ["TUNE_CASES"].split(";")] \
-        if os.environ.get("TUNE_CASES") else GROUPED_FWD_CASES
     table = []
-    for n, tokens, dim in cases:
-        v = torch.randn(n, tokens, dim, device=dev, dtype=torch.bfloat16)
-        q, w = torch.randn(dim, device=dev) * 0.05, torch.rand(dim, device=dev) + 0.5
+    for n, tokens, dim in _wide_cases():
+        v, q, w = _wide_inputs(n, tokens, dim, dev)
         g = torch.randn(tokens, dim, device=dev, dtype=torch.bfloat16)
         out, lse = _forward(v, q, w, 1e-6, target)
         nbytes, case = (2 * n + 1) * tokens * dim * 2, f"N{n} T{tokens} D{dim}"
@@ -235,6 +229,19 @@ def sweep_backward_dim() -> None:
         pct = lambda ms, b: 100 * b / ms / 1e9 / ceiling  # noqa: E731
         print(f"{case} | {t_plan:.4f} ({pct(t_plan, nb):.1f}%) | {t_best:.4f} ({cfg}, {pct(t_best, nb):.1f}%) | "
               f"{t_ours:.4f} ({pct(t_ours, sb):.1f}%) | {t_fla:.4f} ({pct(t_fla, sb):.1f}%)")
+
+
+def _wide_cases() -> list:
+    """TUNE_CASES ("N,tokens,D;...") or GROUPED_FWD_CASES."""
+    if os.environ.get("TUNE_CASES"):
+        return [tuple(int(x) for x in c.split(",")) for c in os.environ["TUNE_CASES"].split(";")]
+    return GROUPED_FWD_CASES
+
+
+def _wide_inputs(n: int, tokens: int, dim: int, dev) -> tuple:
+    """bf16 values [n, tokens, dim], an fp32 query and norm weight."""
+    v = torch.randn(n, tokens, dim, device=dev, dtype=torch.bfloat16)
+    return v, torch.randn(dim, device=dev) * 0.05, torch.rand(dim, device=dev) + 0.5
 
 
 def _replay_ms(fn) -> float:
