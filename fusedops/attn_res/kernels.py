@@ -633,16 +633,13 @@ def attn_res_bwd_depth_tile_kernel(
     N, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, DV_STEP, eps,
     HAS_WEIGHT: tl.constexpr, HAS_DLSE: tl.constexpr, NEED_DV: tl.constexpr, NEED_DU: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, STASH: tl.constexpr, STASH_BLOCK: tl.constexpr, F64: tl.constexpr,
-    DIM: tl.constexpr = 0,
 ):
     """Gradients of attn_res with all N source rows of one token on chip at once ([BLOCK_N, BLOCK_D],
     BLOCK_N >= N): the softmax over depth is exact in fp32 from the rows themselves, so neither the
     forward's out nor its lse is read; per token N + 1 rows are read and N written, the byte floor.
     Persistent: program pid takes tokens pid, pid + grid, ... and writes its row of fp32 partial sums
     of the query/weight gradient (partial_ptr, [grid, D]; with STASH > 0 in grad_values, as in the
-    one-pass kernel). DIM > 0: D as a compile-time constant (D == DIM)."""
-    if DIM > 0:
-        D = DIM
+    one-pass kernel)."""
     ACC = tl.float64 if F64 else tl.float32
     eps = tl.cast(eps, ACC)  # Inductor passes Python floats as fp64
     pid = tl.program_id(0)

@@ -212,7 +212,7 @@ def _backward(
                     DV_STEP=tokens * dim, eps=eps)
         if plan.block_n:
             launch(attn_res_bwd_depth_tile_kernel, (plan.grid,), dict(rows_in, **walk),
-                   dict(flags, BLOCK_N=plan.block_n, **stash_flags, **constant_dim))
+                   dict(flags, BLOCK_N=plan.block_n, **stash_flags))
         elif one_pass:
             launch(
                 attn_res_bwd_onepass_kernel, (plan.grid,),

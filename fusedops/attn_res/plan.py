@@ -56,7 +56,7 @@ class Plan:
     one_pass: bool = False  # a plan of the one-pass backward kernel
     block_n: int = 0  # > 0: a plan of a depth-tile kernel (forward or backward) of block_n rows a step
     tokens_per_program: int = 0  # depth-tile forward: > 0 launches cdiv(tokens, it) programs, 0 a persistent grid
-    constant_dim: bool = False  # depth-tile and one-pass kernels: D a compile-time constant (one compile per D)
+    constant_dim: bool = False  # depth-tile forward, one-pass backward: D a compile-time constant (one compile per D)
 
 
 @memoize
@@ -149,8 +149,7 @@ def depth_tile_plan(target: Target, tokens: int, sources: int, dim: int, elem_si
     per_warp = 32 * row["elements_per_thread"]
     num_warps = max(row["num_warps"], tile // per_warp, min(row["max_warps"], block_d // row["row_per_warp"]))
     grid = torch.sym_min(tokens, target.vector_cores * row["programs_per_core"])
-    return Plan(block_t=1, block_d=block_d, one_tile=True, grid=grid, num_warps=num_warps, block_n=block_n,
-                constant_dim=row["constant_dim"])
+    return Plan(block_t=1, block_d=block_d, one_tile=True, grid=grid, num_warps=num_warps, block_n=block_n)
 
 
 def _grouped_forward_plan(target: Target, tokens: int, sources: int, block_d: int, per_element: int,
