@@ -5,7 +5,8 @@
 #   STEPS="host tune tests bench" OPS="attn_res embedding" TEST_S=200 BENCH_S=330 bash bench/gpu_check.sh
 # STEPS (default "tests bench"): host = fusedops.bench.host (host overhead vs GPU time),
 # tune = fusedops.bench.tune_attn_res (attn_res plan sweep), depthtune / depthfwd = the attn_res depth-tile backward /
-# forward sweeps, bwddim = the attn_res backward's warps x grid x constant-D sweep, stashtune =
+# forward sweeps, bwddim = the attn_res backward's warps x grid x constant-D sweep, bwdablate = where the
+# one-pass backward's time goes, stashtune =
 # the attn_res backward with its partial sums stashed in grad_values or in their own buffer,
 # embtune = embedding backward-kernel variants, natune = fusedops.bench.tune_neighborhood_attention,
 # breakdown = fusedops.bench.breakdown (device time per kernel of a fwd+bwd step),
@@ -45,6 +46,9 @@ for step in ${STEPS:-tests bench}; do
     bwddim)
       timeout "${TUNE_S:-150}" python3 -m fusedops.bench.tune_attn_res bwd-dim > "$OUT/bwddim.txt" 2>&1
       echo "bwddim (exit $?):"; sed -n '/^case |/,$p' "$OUT/bwddim.txt" ;;
+    bwdablate)
+      timeout "${TUNE_S:-150}" python3 -m fusedops.bench.tune_attn_res bwd-ablation > "$OUT/bwdablate.txt" 2>&1
+      echo "bwdablate (exit $?):"; grep " | " "$OUT/bwdablate.txt" ;;
     block)
       timeout "${BLOCK_S:-300}" python3 -m fusedops.bench.block_attn_res --parts ${PARTS:-block decode merge multi} \
         > "$OUT/block.txt" 2> "$OUT/block_progress.txt"

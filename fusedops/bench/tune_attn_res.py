@@ -10,7 +10,9 @@ Usage: python -m fusedops.bench.tune_attn_res   (TUNE_FORWARD=0 / TUNE_BACKWARD=
        python -m fusedops.bench.tune_attn_res stash   (the whole backward with the partial sums stashed in grad_values
                                                        against their own buffer: time and peak memory)
        python -m fusedops.bench.tune_attn_res bwd-dim   (the whole backward on the forward sweep's shapes: warps x
-                                                         programs per SM x D constant, fwd+bwd against fla)"""
+                                                         programs per SM x D constant, fwd+bwd against fla)
+       python -m fusedops.bench.tune_attn_res bwd-ablation   (the one-pass backward kernel with one part off at a
+                                                              time: where its time goes)"""
 
 from __future__ import annotations
 
@@ -52,6 +54,9 @@ GROUPED_FWD_CONFIGS = [(r, w, p) for r, w in ((1, 4), (2, 4), (4, 4), (2, 8), (4
 GROUPED_FWD_CASES = [(9, 32768, 3072), (24, 2048, 6144), (9, 8192, 3584), (16, 512, 5120), (8, 8192, 7168),
                      (32, 8192, 7168), (12, 8192, 2304), (9, 8192, 1536), (6, 32768, 1024), (8, 32768, 2048),
                      (12, 32768, 4096), (3, 8192, 8192), (64, 2048, 8192), (4, 8192, 16384), (4, 32768, 12288)]
+# The one-pass backward's ablation: each variant turns one part of the kernel off (launch options over the plan's).
+BWD_ABLATIONS = [("planned", {}), ("no waiting rows (DEFER off)", {"DEFER": False}),
+                 ("no grad_values stores", {"NEED_DV": False}), ("no query-gradient sums", {"NEED_DU": False})]
 # The backward sweep: (warps, programs per SM, D constant) of the kernel the planner picks (one-pass or depth tile).
 BWD_DIM_CONFIGS = [(w, p, c) for w in (4, 8) for p in (2, 4) for c in (False, True)]
 DEPTH_CASES = [(n, d) for d in (1024, 2048, 4096, 7168, 8192, 16384) for n in (2, 3, 4, 6, 8, 16, 32)
@@ -63,7 +68,7 @@ def main() -> None:
     # launch); the op itself launches directly, and so must the sweep.
     with set_wrap_triton_enabled(False):
         sweeps = {"depth": sweep_depth_tile, "depth-fwd": sweep_depth_tile_forward, "stash": sweep_stash,
-                  "bwd-dim": sweep_backward_dim}
+                  "bwd-dim": sweep_backward_dim, "bwd-ablation": sweep_backward_ablation}
         sweeps.get(" ".join(sys.argv[1:]), sweep)()
 
 
@@ -229,6 +234,31 @@ def sweep_backward_dim() -> None:
         pct = lambda ms, b: 100 * b / ms / 1e9 / ceiling  # noqa: E731
         print(f"{case} | {t_plan:.4f} ({pct(t_plan, nb):.1f}%) | {t_best:.4f} ({cfg}, {pct(t_best, nb):.1f}%) | "
               f"{t_ours:.4f} ({pct(t_ours, sb):.1f}%) | {t_fla:.4f} ({pct(t_fla, sb):.1f}%)")
+
+
+def sweep_backward_ablation() -> None:
+    """Where the one-pass backward's time goes: the kernel alone (no reduction), bf16 values, CUDA-graph replays, on
+    the wide shapes (TUNE_CASES replaces them), under the planner's plan and with one part turned off at a time
+    (BWD_ABLATIONS: the waiting heavy rows, the grad_values stores, the query-gradient sums), as ms and % of copy
+    over (2N + 1) rows. A part whose removal saves little is not where the time goes."""
+    from fusedops.attn_res.op import backward_plan
+
+    dev, target, ceiling = _cuda_setup()
+    kernel = attn_res_kernels.attn_res_bwd_onepass_kernel
+    for n, tokens, dim in _wide_cases():
+        v, q, w = _wide_inputs(n, tokens, dim, dev)
+        g = torch.randn(tokens, dim, device=dev, dtype=torch.bfloat16)
+        out, lse = _forward(v, q, w, 1e-6, target)
+        plan = backward_plan(target, tokens, n, dim, 2, True)
+        nbytes, case = (2 * n + 1) * tokens * dim * 2, f"N{n} T{tokens} D{dim}"
+        if not (plan.one_pass and plan.one_tile):
+            print(f"{case}: planned {plan}, not the one-pass kernel")
+            continue
+        for label, extra in BWD_ABLATIONS:
+            ms = _replay_ms(lambda: _onepass(kernel, g, v, q, w, out, lse, target, plan, extra))
+            print(f"{case} | {label} | {ms:.4f} ms | {100 * nbytes / ms / 1e9 / ceiling:.1f}%", flush=True)
+        del v, g, out
+        torch.cuda.empty_cache()
 
 
 def _wide_cases() -> list:
