@@ -57,7 +57,7 @@ GROUPED_FWD_CASES = [(9, 32768, 3072), (24, 2048, 6144), (9, 8192, 3584), (16, 5
 # The one-pass backward's ablation: each variant turns one part of the kernel off (launch options over the plan's).
 BWD_ABLATIONS = [("planned", {}), ("no waiting rows (DEFER off)", {"DEFER": False}),
                  ("no grad_values stores", {"NEED_DV": False}), ("no query-gradient sums", {"NEED_DU": False})]
-# The backward sweep: (warps, programs per SM, D constant) of the kernel the planner picks (one-pass or depth tile).
+# The backward sweep: (warps, programs per SM, D constant: one-pass only) of the kernel the planner picks.
 BWD_DIM_CONFIGS = [(w, p, c) for w in (4, 8) for p in (2, 4) for c in (False, True)]
 DEPTH_CASES = [(n, d) for d in (1024, 2048, 4096, 7168, 8192, 16384) for n in (2, 3, 4, 6, 8, 16, 32)
                if next_pow2(n) * next_pow2(d) <= 32768]
@@ -187,8 +187,9 @@ def sweep_depth_tile_forward() -> None:
 def sweep_backward_dim() -> None:
     """The whole backward (kernel and reduction; every gradient of bf16 values and fp32 query/weight, given the
     forward's out and lse), CUDA-graph replays, on the forward sweep's cases (TUNE_CASES replaces them): the
-    planner's plan against its kernel (one-pass or depth tile) on 4 or 8 warps x 2 or 4 programs per SM x D a
-    compile-time constant or not; then forward+backward steps, ours and fla-core's, as % of copy of
+    planner's plan against its kernel (one-pass or depth tile) on 4 or 8 warps x 2 or 4 programs per SM, the
+    one-pass kernel with D a compile-time constant or not; then forward+backward steps, ours and fla-core's, as %
+    of copy of
     (N + 1) + (2N + 1) rows."""
     from fusedops.attn_res.op import backward_plan
     from fusedops.bench.attn_res import fla
@@ -209,7 +210,7 @@ def sweep_backward_dim() -> None:
         best = (planned, f"planned {kind}")
         for warps, per_sm, const in BWD_DIM_CONFIGS if kind != "two-phase" else ():
             per_thread = base.block_t * base.block_d * max(1, base.block_n) // (32 * warps)
-            if not 8 <= per_thread <= 128:
+            if not 8 <= per_thread <= 128 or (const and kind != "one-pass"):  # constant D: the one-pass kernel's
                 continue
             plan = dataclasses.replace(base, num_warps=warps, grid=min(tokens, per_sm * target.vector_cores),
                                        constant_dim=const)
