@@ -198,10 +198,7 @@ def sweep_backward_dim() -> None:
     dev, target, ceiling = _cuda_setup()
     table = []
     for n, tokens, dim in _wide_cases():
-        v, q, w = _wide_inputs(n, tokens, dim, dev)
-        g = torch.randn(tokens, dim, device=dev, dtype=torch.bfloat16)
-        out, lse = _forward(v, q, w, 1e-6, target)
-        nbytes, case = (2 * n + 1) * tokens * dim * 2, f"N{n} T{tokens} D{dim}"
+        v, q, w, g, out, lse, nbytes, case = _backward_case(n, tokens, dim, dev, target)
         step_bytes = nbytes + (n + 1) * tokens * dim * 2
         ref = _backward(g, v, q, w, 1e-6, True, True, True, target, out, lse)
         planned = _replay_ms(lambda: _backward(g, v, q, w, 1e-6, True, True, True, target, out, lse))
@@ -247,11 +244,8 @@ def sweep_backward_ablation() -> None:
     dev, target, ceiling = _cuda_setup()
     kernel = attn_res_kernels.attn_res_bwd_onepass_kernel
     for n, tokens, dim in _wide_cases():
-        v, q, w = _wide_inputs(n, tokens, dim, dev)
-        g = torch.randn(tokens, dim, device=dev, dtype=torch.bfloat16)
-        out, lse = _forward(v, q, w, 1e-6, target)
+        v, q, w, g, out, lse, nbytes, case = _backward_case(n, tokens, dim, dev, target)
         plan = backward_plan(target, tokens, n, dim, 2, True)
-        nbytes, case = (2 * n + 1) * tokens * dim * 2, f"N{n} T{tokens} D{dim}"
         if not (plan.one_pass and plan.one_tile):
             print(f"{case}: planned {plan}, not the one-pass kernel")
             continue
@@ -273,6 +267,14 @@ def _wide_inputs(n: int, tokens: int, dim: int, dev) -> tuple:
     """bf16 values [n, tokens, dim], an fp32 query and norm weight."""
     v = torch.randn(n, tokens, dim, device=dev, dtype=torch.bfloat16)
     return v, torch.randn(dim, device=dev) * 0.05, torch.rand(dim, device=dev) + 0.5
+
+
+def _backward_case(n: int, tokens: int, dim: int, dev, target) -> tuple:
+    """_wide_inputs, a bf16 grad_out, the forward's out and lse, the backward's bytes ((2N + 1) rows) and a name."""
+    v, q, w = _wide_inputs(n, tokens, dim, dev)
+    g = torch.randn(tokens, dim, device=dev, dtype=torch.bfloat16)
+    out, lse = _forward(v, q, w, 1e-6, target)
+    return v, q, w, g, out, lse, (2 * n + 1) * tokens * dim * 2, f"N{n} T{tokens} D{dim}"
 
 
 def _replay_ms(fn) -> float:
