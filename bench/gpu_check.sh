@@ -14,7 +14,7 @@
 # (BLOCKTUNE, default "multi merge"), experiment = python -m bench.experiments.$EXP,
 # grid = fusedops.bench.attn_res_grid (issue 31's attn_res shape grid, GRID_S; JSON and heatmaps into $OUT),
 # nagrid = fusedops.bench.na_grid (issue 32's neighborhood-attention grid against Flex; PART, default 1/2),
-# tests = the GPU tests, aoti = the AOTInductor package test (3.5-5 min of compiling), lm = the example model,
+# tests = the GPU tests (TEST_K: a pytest -k expression), aoti = the AOTInductor package test (3.5-5 min of compiling), lm = the example model,
 # bench = python -m fusedops.bench.
 set -u
 cd "$(dirname "$0")/.."
@@ -84,7 +84,8 @@ for step in ${STEPS:-tests bench}; do
       tests=()
       for op in ${OPS:-attn_res block_attn_res embedding neighborhood_attention hardening}; do tests+=("fusedops_tests/test_$op.py"); done
       tests+=("fusedops_tests/test_dispatch.py")
-      timeout "${TEST_S:-200}" python3 -m pytest "${tests[@]}" -m gpu -q -p no:cacheprovider > "$OUT/gpu_tests.txt" 2>&1
+      timeout "${TEST_S:-200}" python3 -m pytest "${tests[@]}" -m gpu ${TEST_K:+-k "$TEST_K"} -q -p no:cacheprovider \
+        > "$OUT/gpu_tests.txt" 2>&1
       echo "gpu tests (exit $?):"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.txt" | tail -8 ;;
     aoti)
       timeout "${AOTI_S:-420}" python3 -m pytest fusedops_tests/test_example_lm.py -m gpu -q -rs -p no:cacheprovider \

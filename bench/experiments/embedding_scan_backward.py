@@ -4,12 +4,14 @@ Zipf(1.1) indices. Per case and path: the backward op alone and the eager fwd+bw
 triton.testing.do_bench medians of eager calls (wall clock: host time included where a step is
 host-bound) and of a CUDA-graph replay (no host cost: close to device time), plus the step's host time;
 the two paths' grad_weight must be bitwise equal. One line per case as it is measured, then a table of
-ratios (> 1: the scan path is faster). Runs in about 2-4 minutes on an H100.
+ratios (> 1: the scan path is faster). Runs in about 2-4 minutes on an H100. EMB_SCAN_CASES and EMB_SCAN_DISTS
+(see main) pick other cases, e.g. padded batches.
 
 python -m bench.experiments.embedding_scan_backward"""
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 
@@ -22,7 +24,8 @@ CASES = [  # (V, D, tokens): every value of each axis, the scan threshold's neig
     (151936, 4096, 4096), (151936, 768, 8192), (151936, 2304, 2048),
     (256000, 2304, 512), (256000, 768, 4096), (256000, 4096, 8192),
 ]
-DISTRIBUTIONS = ("uniform", "zipf1.1")
+DISTRIBUTIONS = ("uniform", "zipf1.1")  # also "padNN": uniform, the last NN% of the tokens index 0 (padding
+# without padding_idx: one long run, which the scan path sums in one program)
 PATHS = {"scan": dict(scan_tokens=2**31 - 1), "sort": dict(scan_tokens=0)}
 MEASURES = ("bwd", "bwd graph", "step", "step graph")
 
@@ -79,11 +82,18 @@ def run_case(v: int, d: int, tokens: int, dist: str) -> dict:
     torch.manual_seed(v + d + tokens)
     weight = torch.randn(v, d, device="cuda", dtype=torch.bfloat16).requires_grad_()
     grad_out = torch.randn(tokens, d, device="cuda", dtype=torch.bfloat16)
-    idx = indices(v, tokens, dist, gen).cuda()
+    idx = padded(v, tokens, int(dist[3:]), gen) if dist.startswith("pad") else indices(v, tokens, dist, gen)
+    idx = idx.cuda()
     scan, scan_grad = time_fusedops("scan", weight, idx, grad_out)
     sort, sort_grad = time_fusedops("sort", weight, idx, grad_out)
     return dict(case=(v, d, tokens, dist), scan=scan, sort=sort, torch=time_torch(weight, idx, grad_out),
                 bitwise=torch.equal(scan_grad, sort_grad))
+
+
+def padded(v: int, tokens: int, percent: int, gen: torch.Generator) -> torch.Tensor:
+    idx = torch.randint(0, v, (tokens,), generator=gen)
+    idx[tokens - tokens * percent // 100:] = 0
+    return idx
 
 
 def print_case(r: dict) -> None:
@@ -116,10 +126,14 @@ def print_ratios(rows: list[dict]) -> None:
 
 
 def main() -> None:
+    """EMB_SCAN_CASES="V,D,tokens;..." and EMB_SCAN_DISTS="uniform,pad50,..." replace CASES and DISTRIBUTIONS."""
+    cases = ([tuple(int(x) for x in c.split(",")) for c in os.environ["EMB_SCAN_CASES"].split(";")]
+             if os.environ.get("EMB_SCAN_CASES") else CASES)
+    dists = os.environ["EMB_SCAN_DISTS"].split(",") if os.environ.get("EMB_SCAN_DISTS") else DISTRIBUTIONS
     print("us, do_bench medians; per measure: scan, sort, torch (the step's host time last)")
     rows = []
-    for v, d, tokens in CASES:
-        for dist in DISTRIBUTIONS:
+    for v, d, tokens in cases:
+        for dist in dists:
             rows.append(run_case(v, d, tokens, dist))
             print_case(rows[-1])
         torch.cuda.empty_cache()
