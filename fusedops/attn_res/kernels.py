@@ -485,12 +485,31 @@ def _waiting_row(k, slot_i, slot_s, slot_r, slot_gv):
 
 
 @triton.jit
+def _token_loads(block, g_ptr, out_ptr, v_ptr, N, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, d, d_mask,
+                 UNROLL: tl.constexpr, BLOCK_T: tl.constexpr):
+    """Token block `block`'s grad_out and out tiles and its first one or two source rows (as stored;
+    zeros past T and N), all loads issued before any is used."""
+    t = block * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)
+    mask = (t < T)[:, None] & d_mask[None, :]
+    io = t[:, None] * D + d[None, :]
+    src = _token_rows(t, S1, S2, ST0, ST1, ST2)
+    g = tl.load(g_ptr + io, mask=mask, other=0.0)
+    out = tl.load(out_ptr + io, mask=mask, other=0.0)
+    x = tl.load(v_ptr + src[:, None] + d[None, :], mask=mask, other=0.0)
+    x_next = x
+    if UNROLL == 2:
+        x_next = tl.load(v_ptr + (src + STRIDE_N)[:, None] + d[None, :], mask=mask_if(1 < N, mask), other=0.0)
+    return g, out, x, x_next
+
+
+@triton.jit
 def attn_res_bwd_onepass_kernel(
     g_ptr, glse_ptr, out_ptr, lse_ptr, v_ptr, q_ptr, w_ptr, dv_ptr, partial_ptr,
     N, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, DV_STEP, eps,
     HAS_WEIGHT: tl.constexpr, HAS_DLSE: tl.constexpr, NEED_DV: tl.constexpr, NEED_DU: tl.constexpr,
     DEFER: tl.constexpr, UNROLL: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
     STASH: tl.constexpr, STASH_BLOCK: tl.constexpr, F64: tl.constexpr, DIM: tl.constexpr = 0,
+    PREFETCH: tl.constexpr = False,
 ):
     """Gradients of attn_res in one pass over values, given the forward's out and lse.
 
@@ -509,7 +528,8 @@ def attn_res_bwd_onepass_kernel(
     Each persistent program sums ds_i rstd_i v_i over its tokens in registers and writes its row of
     `partial_ptr` ([programs, D] fp32) once at the end, zeros if it had no token. STASH > 0: that row goes
     to grad_values instead (_store_partial; every program has a token) and partial_ptr keeps the scalars
-    of the rows it overwrites. DIM > 0: D as a compile-time constant (D == DIM).
+    of the rows it overwrites. DIM > 0: D as a compile-time constant (D == DIM). PREFETCH: each step's
+    loads are issued one step ahead.
     """
     if DIM > 0:
         D = DIM
@@ -532,8 +552,13 @@ def attn_res_bwd_onepass_kernel(
         mask = t_mask[:, None] & d_mask[None, :]
         io = t[:, None] * D + d[None, :]
         row0 = _token_rows(t, S1, S2, ST0, ST1, ST2)  # [BLOCK_T] offsets: no pointer tile is loop-carried
-        g = tl.load(g_ptr + io, mask=mask, other=0.0)
-        g_out = tl.sum(g.to(ACC) * tl.load(out_ptr + io, mask=mask, other=0.0).to(ACC), axis=1)
+        if PREFETCH:  # the first rows are loaded beside g and out, each depth step's rows one step ahead
+            g, out_tile, ahead, ahead_next = _token_loads(block, g_ptr, out_ptr, v_ptr, N, T, D, S1, S2, ST0, ST1,
+                                                          ST2, STRIDE_N, d, d_mask, UNROLL, BLOCK_T)
+        else:
+            g = tl.load(g_ptr + io, mask=mask, other=0.0)
+            out_tile = tl.load(out_ptr + io, mask=mask, other=0.0)
+        g_out = tl.sum(g.to(ACC) * out_tile.to(ACC), axis=1)
         g_lse = tl.zeros([BLOCK_T], ACC)
         if HAS_DLSE:
             g_lse = tl.load(glse_ptr + t, mask=t_mask, other=0.0)
@@ -551,11 +576,22 @@ def attn_res_bwd_onepass_kernel(
         first = t == pid * BLOCK_T  # the program's first token, where the stash goes
         # UNROLL == 2 keeps two independent rows in flight: the loop is latency-bound otherwise.
         for i in range(0, N, UNROLL):
-            x = tl.load(v_ptr + src[:, None] + d[None, :], mask=mask, other=0.0).to(ACC)
             if UNROLL == 2:
                 has_next = i + 1 < N
-                x_next = tl.load(v_ptr + (src + STRIDE_N)[:, None] + d[None, :], mask=mask_if(has_next, mask),
-                                 other=0.0)
+            if PREFETCH:
+                x_raw = ahead
+                step = src + tl.cast(STRIDE_N, tl.int64) * UNROLL
+                ahead = tl.load(v_ptr + step[:, None] + d[None, :], mask=mask_if(i + UNROLL < N, mask), other=0.0)
+                if UNROLL == 2:
+                    x_next = ahead_next
+                    ahead_next = tl.load(v_ptr + (step + STRIDE_N)[:, None] + d[None, :],
+                                         mask=mask_if(i + 3 < N, mask), other=0.0)
+            else:
+                x_raw = tl.load(v_ptr + src[:, None] + d[None, :], mask=mask, other=0.0)
+                if UNROLL == 2:
+                    x_next = tl.load(v_ptr + (src + STRIDE_N)[:, None] + d[None, :], mask=mask_if(has_next, mask),
+                                     other=0.0)
+            x = x_raw.to(ACC)
             dx, coef, written, early, count, slot_i, slot_s, slot_r, slot_gv, g_out_exact, alpha, k = _one_pass_row(
                 x, t_mask, i, g, u, lse, g_out, D, eps, count, slot_i, slot_s, slot_r, slot_gv, g_out_exact, DEFER)
             if NEED_DV:

@@ -218,7 +218,7 @@ def _backward(
                 attn_res_bwd_onepass_kernel, (plan.grid,),
                 dict(rows_in, out_ptr=out.contiguous(), lse_ptr=lse.contiguous(), **walk),
                 dict(flags, DEFER=out.element_size() == 2, UNROLL=plan.unroll, BLOCK_T=plan.block_t, **stash_flags,
-                     **constant_dim),
+                     **constant_dim, PREFETCH=plan.prefetch),
             )
         else:
             stats = values.new_empty((3, n, tokens), dtype=acc)

@@ -54,9 +54,12 @@ GROUPED_FWD_CONFIGS = [(r, w, p) for r, w in ((1, 4), (2, 4), (4, 4), (2, 8), (4
 GROUPED_FWD_CASES = [(9, 32768, 3072), (24, 2048, 6144), (9, 8192, 3584), (16, 512, 5120), (8, 8192, 7168),
                      (32, 8192, 7168), (12, 8192, 2304), (9, 8192, 1536), (6, 32768, 1024), (8, 32768, 2048),
                      (12, 32768, 4096), (3, 8192, 8192), (64, 2048, 8192), (4, 8192, 16384), (4, 32768, 12288)]
-# The one-pass backward's ablation: each variant turns one part of the kernel off (launch options over the plan's).
+# The one-pass backward's ablation: each variant turns one part of the kernel off or loads its rows a step ahead
+# (launch options over the plan's).
 BWD_ABLATIONS = [("planned", {}), ("no waiting rows (DEFER off)", {"DEFER": False}),
-                 ("no grad_values stores", {"NEED_DV": False}), ("no query-gradient sums", {"NEED_DU": False})]
+                 ("no grad_values stores", {"NEED_DV": False}), ("no query-gradient sums", {"NEED_DU": False}),
+                 ("rows a step ahead (PREFETCH)", {"PREFETCH": True}),
+                 ("PREFETCH, no waiting rows", {"PREFETCH": True, "DEFER": False})]
 # The backward sweep: (warps, programs per SM, D constant: one-pass only) of the kernel the planner picks.
 BWD_DIM_CONFIGS = [(w, p, c) for w in (4, 8) for p in (2, 4) for c in (False, True)]
 DEPTH_CASES = [(n, d) for d in (1024, 2048, 4096, 7168, 8192, 16384) for n in (2, 3, 4, 6, 8, 16, 32)
@@ -237,8 +240,8 @@ def sweep_backward_dim() -> None:
 def sweep_backward_ablation() -> None:
     """Where the one-pass backward's time goes: the kernel alone (no reduction), bf16 values, CUDA-graph replays, on
     the wide shapes (TUNE_CASES replaces them), under the planner's plan and with one part turned off at a time
-    (BWD_ABLATIONS: the waiting heavy rows, the grad_values stores, the query-gradient sums), as ms and % of copy
-    over (2N + 1) rows. A part whose removal saves little is not where the time goes."""
+    (BWD_ABLATIONS: the waiting heavy rows, the grad_values stores, the query-gradient sums) or its rows loaded a
+    step ahead, as ms and % of copy over (2N + 1) rows. A part whose removal saves little is not where the time goes."""
     from fusedops.attn_res.op import backward_plan
 
     dev, target, ceiling = _cuda_setup()
