@@ -95,13 +95,14 @@ KERNEL_CHOICES = ["planned", "no-depth-tile"]
 def kernel_choice(which):
     """"planned": the planner's choice; "no-depth-tile": the other kernels even where the depth tiles
     fit (what larger N * D runs), so that every kernel meets the test sizes, the one-pass backward with D a
-    compile-time constant and its rows loaded a step ahead (the interpreter's planned one-pass plans do
-    neither)."""
+    compile-time constant, its rows loaded a step ahead and a row's sums in one reduction (the
+    interpreter's planned one-pass plans do none of these)."""
     if which == "planned":
         yield
     else:
         with fusedops.plan_override("attn_res", "forward", variant="rows"), \
-                fusedops.plan_override("attn_res", "backward", variant="rows", constant_dim=True, prefetch=True):
+                fusedops.plan_override("attn_res", "backward", variant="rows", constant_dim=True, prefetch=True,
+                                        fused_sums=True):
             yield
 
 
@@ -442,14 +443,20 @@ def test_backward_is_bitwise_deterministic(path, onchip_bytes, one_pass, kernels
         assert torch.equal(a, b)
 
 
-def one_pass_grads(values, query, weight, grad_out, prefetch: bool, **fields) -> tuple:
-    """attn_res_backward on the one-pass kernel (the forward's out and lse saved), its rows loaded a step
-    ahead or not, under other plan fields given; asserts the kernel ran with that choice."""
+# The one-pass backward's schedules beside the planned one (see attn_res_bwd_onepass_kernel).
+ORDERS = [dict(prefetch=True), dict(fused_sums=True), dict(prefetch=True, fused_sums=True)]
+
+
+def one_pass_grads(values, query, weight, grad_out, order: dict, **fields) -> tuple:
+    """attn_res_backward on the one-pass kernel (the forward's out and lse saved) in `order` (prefetch,
+    fused_sums: False unless given) and under other plan fields given; asserts the kernel ran so."""
+    order = dict(dict(prefetch=False, fused_sums=False), **order)
     saved = torch.ops.fusedops.attn_res_with_lse(values, query, weight, 1e-6)
-    with fusedops.plan_override("attn_res", "backward", variant="one_pass", prefetch=prefetch, **fields), \
+    with fusedops.plan_override("attn_res", "backward", variant="one_pass", **order, **fields), \
             recorded_launches(ar_op) as launches:
         grads = torch.ops.fusedops.attn_res_backward(grad_out, values, query, weight, 1e-6, True, True, True, *saved)
-    assert [meta["PREFETCH"] for name, _, meta in launches if name == "attn_res_bwd_onepass_kernel"] == [prefetch]
+    assert [(meta["PREFETCH"], meta["FUSED_SUMS"]) for name, _, meta in launches
+            if name == "attn_res_bwd_onepass_kernel"] == [(order["prefetch"], order["fused_sums"])]
     return grads
 
 
@@ -457,14 +464,17 @@ def one_pass_grads(values, query, weight, grad_out, prefetch: bool, **fields) ->
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 7])
 def test_one_pass_prefetch_gives_the_same_bits(path, n):
     """Loading rows a step ahead changes when they arrive, not what is computed: the same bits, heavy
-    (waiting) rows, odd N's tail and programs of several token blocks included."""
+    (waiting) rows, odd N's tail and programs of several token blocks included. (fused_sums is held to
+    the reference instead, through kernel_choice: the interpreter's tl.sum is numpy's pairwise sum and
+    its tl.reduce adds one element at a time, so the two round differently here.)"""
     gen = torch.Generator().manual_seed(n)
     values = (torch.randn(n, 3, 5, 48, generator=gen) * 4).to(torch.bfloat16)
     query, weight = torch.randn(48, generator=gen), torch.rand(48, generator=gen) + 0.5
     grad_out = torch.randn(3, 5, 48, generator=gen).to(torch.bfloat16)
     with execution_path(path, STASH_BUDGET):  # 8 blocks of 2 tokens on 3 programs
-        planned, ahead = (one_pass_grads(values, query, weight, grad_out, p, grid=3) for p in (False, True))
-    for a, b in zip(planned, ahead):
+        planned = one_pass_grads(values, query, weight, grad_out, {}, grid=3)
+        other = one_pass_grads(values, query, weight, grad_out, dict(prefetch=True), grid=3)
+    for a, b in zip(planned, other):
         assert torch.equal(a, b)
 
 
@@ -841,13 +851,14 @@ def test_gpu_real_sizes(n, dim):
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize(("n", "dim"), GPU_ONE_PASS_SIZES + [(9, 3072), (7, 5120)])
-def test_gpu_one_pass_prefetch_gives_the_same_bits(n, dim):
+@pytest.mark.parametrize("order", ORDERS)
+def test_gpu_one_pass_order_gives_the_same_bits(n, dim, order):
     torch.manual_seed(n + dim)
     values = torch.randn(n, 300, dim, device="cuda").to(torch.bfloat16)
     query, weight = torch.randn(dim, device="cuda") * 0.05, torch.rand(dim, device="cuda") + 0.5
     grad_out = torch.randn(300, dim, device="cuda").to(torch.bfloat16)
-    planned, ahead = (one_pass_grads(values, query, weight, grad_out, p) for p in (False, True))
-    for a, b in zip(planned, ahead):
+    planned = one_pass_grads(values, query, weight, grad_out, {})
+    for a, b in zip(planned, one_pass_grads(values, query, weight, grad_out, order)):
         assert torch.equal(a, b)
 
 

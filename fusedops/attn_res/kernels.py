@@ -440,21 +440,39 @@ def attn_res_bwd_kernel(
 
 
 # The one-pass backward defers rows whose weight alpha_i >= DEFER_ALPHA to the end of their token: at
-# most MAX_DEFERRED of them (the weights sum to one).
+# most WAITING_SLOTS of them (the weights sum to one). Their statistics wait in memory, in each
+# program's [WAITING_SLOTS, 4, BLOCK_T] slots of `wait_ptr` (logit, rstd, <g, v_i>, i).
+WAITING_SLOTS = 8
 DEFER_ALPHA = tl.constexpr(0.125)
-MAX_DEFERRED = tl.constexpr(8)
+MAX_DEFERRED = tl.constexpr(WAITING_SLOTS)
+
+
+def waiting_slots_elements(programs: int, block_t: int) -> int:
+    """The size of the one-pass backward's `wait_ptr`."""
+    return programs * WAITING_SLOTS * 4 * block_t
 
 
 @triton.jit
-def _one_pass_row(x, row_ok, i, g, u, lse, g_out, D, eps, count, slot_i, slot_s, slot_r, slot_gv, g_out_exact,
-                  DEFER: tl.constexpr):
+def _add3(a0, a1, a2, b0, b1, b2):
+    return a0 + b0, a1 + b1, a2 + b2
+
+
+@triton.jit
+def _one_pass_row(x, row_ok, g, u, lse, g_out, D, eps, count, g_out_exact, DEFER: tl.constexpr,
+                  FUSED_SUMS: tl.constexpr = False):
     """One source row of the one-pass backward: its gradient against the rounded <g, out>, its term of
-    the exact <g, out>, and, for a heavy row (alpha_i >= DEFER_ALPHA), its statistics kept in a free
-    slot instead (coef 0, `written` False: the caller stores nothing for it). `early` = alpha_i rstd_i for
-    a row written now (0 otherwise): the query gradient adds (<g, out>~ - <g, out>) early_i v_i later.
-    alpha_i and k_i (see _row_grad) come last."""
-    logit, rstd = _row_logit(x, u, D, eps)
-    gv = tl.sum(x * g, axis=1)
+    the exact <g, out>, and whether it is a heavy row (alpha_i >= DEFER_ALPHA) to defer while a slot is
+    free (coef 0, `written` False: the caller stores its statistics instead of its gradient). `early` =
+    alpha_i rstd_i for a row written now (0 otherwise): the query gradient adds (<g, out>~ - <g, out>)
+    early_i v_i later. Returns (dx, coef, written, early, defer, logit, rstd, <g, v_i>, the exact
+    <g, out> so far, alpha_i, k_i (see _row_grad))."""
+    if FUSED_SUMS:
+        squares, dot_u, gv = tl.reduce((x * x, x * u[None, :], x * g), 1, _add3)
+        rstd = tl.rsqrt(squares / D + eps)
+        logit = dot_u * rstd
+    else:
+        logit, rstd = _row_logit(x, u, D, eps)
+        gv = tl.sum(x * g, axis=1)
     dx, coef, alpha, k = _grad_row(x, g, u, logit, rstd, gv, lse, g_out, D)
     g_out_exact += tl.where(row_ok, alpha * gv, 0.0)
     # `written` is spelled out rather than row_ok & ~defer: triton-ascend 3.2's interpreter cannot invert
@@ -465,23 +483,19 @@ def _one_pass_row(x, row_ok, i, g, u, lse, g_out, D, eps, count, slot_i, slot_s,
     else:
         defer = count < 0
         written = row_ok
-    hit = (tl.arange(0, MAX_DEFERRED)[None, :] == count[:, None]) & defer[:, None]
-    slot_i = tl.where(hit, i, slot_i)
-    slot_s = tl.where(hit, logit[:, None], slot_s)
-    slot_r = tl.where(hit, rstd[:, None], slot_r)
-    slot_gv = tl.where(hit, gv[:, None], slot_gv)
-    count += defer.to(tl.int32)
     early = tl.where(written, alpha * rstd, 0.0)
-    return (dx, tl.where(written, coef, 0.0), written, early, count, slot_i, slot_s, slot_r, slot_gv, g_out_exact,
-            alpha, k)
+    return dx, tl.where(written, coef, 0.0), written, early, defer, logit, rstd, gv, g_out_exact, alpha, k
 
 
 @triton.jit
-def _waiting_row(k, slot_i, slot_s, slot_r, slot_gv):
-    """(row index as int64, logit, rstd, <g, v>) held in slot k of each token (zeros past its count)."""
-    sel = tl.arange(0, MAX_DEFERRED)[None, :] == k
-    return (tl.sum(tl.where(sel, slot_i, 0), axis=1).to(tl.int64), tl.sum(tl.where(sel, slot_s, 0.0), axis=1),
-            tl.sum(tl.where(sel, slot_r, 0.0), axis=1), tl.sum(tl.where(sel, slot_gv, 0.0), axis=1))
+def _waiting_row(wait_ptr, pid, w, ok, BLOCK_T: tl.constexpr):
+    """(row index as int64, logit, rstd, <g, v>) in waiting slot w of each token of the program (zeros
+    where not `ok`)."""
+    slot = wait_ptr + (pid * MAX_DEFERRED + w) * (4 * BLOCK_T) + tl.arange(0, BLOCK_T)
+    logit = tl.load(slot, mask=ok, other=0.0)
+    rstd = tl.load(slot + BLOCK_T, mask=ok, other=0.0)
+    gv = tl.load(slot + 2 * BLOCK_T, mask=ok, other=0.0)
+    return tl.load(slot + 3 * BLOCK_T, mask=ok, other=0.0).to(tl.int64), logit, rstd, gv
 
 
 @triton.jit
@@ -504,12 +518,12 @@ def _token_loads(block, g_ptr, out_ptr, v_ptr, N, T, D, S1, S2, ST0, ST1, ST2, S
 
 @triton.jit
 def attn_res_bwd_onepass_kernel(
-    g_ptr, glse_ptr, out_ptr, lse_ptr, v_ptr, q_ptr, w_ptr, dv_ptr, partial_ptr,
+    g_ptr, glse_ptr, out_ptr, lse_ptr, v_ptr, q_ptr, w_ptr, dv_ptr, partial_ptr, wait_ptr,
     N, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, DV_STEP, eps,
     HAS_WEIGHT: tl.constexpr, HAS_DLSE: tl.constexpr, NEED_DV: tl.constexpr, NEED_DU: tl.constexpr,
     DEFER: tl.constexpr, UNROLL: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
     STASH: tl.constexpr, STASH_BLOCK: tl.constexpr, F64: tl.constexpr, DIM: tl.constexpr = 0,
-    PREFETCH: tl.constexpr = False,
+    PREFETCH: tl.constexpr = False, FUSED_SUMS: tl.constexpr = False,
 ):
     """Gradients of attn_res in one pass over values, given the forward's out and lse.
 
@@ -518,9 +532,9 @@ def attn_res_bwd_onepass_kernel(
     needs only that row: values are read once and grad_values written once. A whole row is on chip.
     The stored out is rounded (bf16: 2^-9), and <g, v_i> - <g, out> cancels for a row that dominates
     the softmax, so the rounding alone would cost such a row ~10% of its gradient. DEFER (out not fp32):
-    a row with alpha_i >= 1/8 is not written in the pass; its statistics wait in registers until the
-    pass has summed the exact <g, out> = sum_j alpha_j <g, v_j> in fp32, then it is re-read (it was
-    just read, from L2) and written once. The rows written early carry alpha_i < 1/8 of the rounding in
+    a row with alpha_i >= 1/8 is not written in the pass; its statistics wait in the program's slots of
+    `wait_ptr` (waiting_slots_elements) until the pass has summed the exact <g, out> = sum_j alpha_j
+    <g, v_j> in fp32, then it is re-read (it was just read, from L2) and written once. The rows written early carry alpha_i < 1/8 of the rounding in
     grad_values; the query gradient gets none of it: their summed alpha_i rstd_i v_i ([BLOCK_T, BLOCK_D],
     fp16: it is only ever scaled by that ~2^-9 error, and |alpha_i rstd_i v_i| <= sqrt(D)) is scaled by the
     error of the rounded <g, out> once it is known. Without that, the softmax
@@ -566,10 +580,6 @@ def attn_res_bwd_onepass_kernel(
         lse = tl.load(lse_ptr + t, mask=t_mask, other=0.0)
         g_out_exact = tl.zeros([BLOCK_T], ACC)
         count = tl.zeros([BLOCK_T], tl.int32)
-        slot_i = tl.zeros([BLOCK_T, MAX_DEFERRED], tl.int32)
-        slot_s = tl.zeros([BLOCK_T, MAX_DEFERRED], ACC)
-        slot_r = tl.zeros([BLOCK_T, MAX_DEFERRED], ACC)
-        slot_gv = tl.zeros([BLOCK_T, MAX_DEFERRED], ACC)
         early_sum = tl.zeros([BLOCK_T, BLOCK_D], tl.float16)
         src = row0
         dst = t * D
@@ -592,8 +602,15 @@ def attn_res_bwd_onepass_kernel(
                     x_next = tl.load(v_ptr + (src + STRIDE_N)[:, None] + d[None, :], mask=mask_if(has_next, mask),
                                      other=0.0)
             x = x_raw.to(ACC)
-            dx, coef, written, early, count, slot_i, slot_s, slot_r, slot_gv, g_out_exact, alpha, k = _one_pass_row(
-                x, t_mask, i, g, u, lse, g_out, D, eps, count, slot_i, slot_s, slot_r, slot_gv, g_out_exact, DEFER)
+            dx, coef, written, early, defer, logit, rstd, gv, g_out_exact, alpha, k = _one_pass_row(
+                x, t_mask, g, u, lse, g_out, D, eps, count, g_out_exact, DEFER, FUSED_SUMS)
+            if DEFER:
+                slot = wait_ptr + (pid * MAX_DEFERRED + count) * (4 * BLOCK_T) + tl.arange(0, BLOCK_T)
+                tl.store(slot, logit, mask=defer)
+                tl.store(slot + BLOCK_T, rstd, mask=defer)
+                tl.store(slot + 2 * BLOCK_T, gv, mask=defer)
+                tl.store(slot + 3 * BLOCK_T, tl.zeros([BLOCK_T], ACC) + i, mask=defer)
+                count += defer.to(tl.int32)
             if NEED_DV:
                 tl.store(dv_ptr + dst[:, None] + d[None, :], dx.to(dv_ptr.dtype.element_ty),
                          mask=mask & written[:, None])
@@ -608,9 +625,15 @@ def attn_res_bwd_onepass_kernel(
                     early_sum = (early_sum + early[:, None] * x).to(tl.float16)
             if UNROLL == 2:
                 x_next = x_next.to(ACC)
-                dx, coef, written, early, count, slot_i, slot_s, slot_r, slot_gv, g_out_exact, alpha, k = (
-                    _one_pass_row(x_next, mask_if(has_next, t_mask), i + 1, g, u, lse, g_out, D, eps, count,
-                                  slot_i, slot_s, slot_r, slot_gv, g_out_exact, DEFER))
+                dx, coef, written, early, defer, logit, rstd, gv, g_out_exact, alpha, k = _one_pass_row(
+                    x_next, mask_if(has_next, t_mask), g, u, lse, g_out, D, eps, count, g_out_exact, DEFER, FUSED_SUMS)
+                if DEFER:
+                    slot = wait_ptr + (pid * MAX_DEFERRED + count) * (4 * BLOCK_T) + tl.arange(0, BLOCK_T)
+                    tl.store(slot, logit, mask=defer)
+                    tl.store(slot + BLOCK_T, rstd, mask=defer)
+                    tl.store(slot + 2 * BLOCK_T, gv, mask=defer)
+                    tl.store(slot + 3 * BLOCK_T, tl.zeros([BLOCK_T], ACC) + (i + 1), mask=defer)
+                    count += defer.to(tl.int32)
                 if NEED_DV:
                     tl.store(dv_ptr + (dst + DV_STEP)[:, None] + d[None, :], dx.to(dv_ptr.dtype.element_ty),
                              mask=mask & written[:, None])
@@ -630,9 +653,11 @@ def attn_res_bwd_onepass_kernel(
             if NEED_DU:
                 du += tl.sum((g_out - g_out_exact)[:, None] * early_sum, axis=0)
             # Two waiting rows in flight per step (their re-reads come from L2; the tail is latency-bound).
+            # The barriers: the slots are written and read by different threads.
+            tl.debug_barrier()
             for w in range(0, tl.max(count, axis=0), 2):
-                j, logit, rstd, gv = _waiting_row(w, slot_i, slot_s, slot_r, slot_gv)
-                j2, logit2, rstd2, gv2 = _waiting_row(w + 1, slot_i, slot_s, slot_r, slot_gv)
+                j, logit, rstd, gv = _waiting_row(wait_ptr, pid, w, t_mask & (w < count), BLOCK_T)
+                j2, logit2, rstd2, gv2 = _waiting_row(wait_ptr, pid, w + 1, t_mask & (w + 1 < count), BLOCK_T)
                 ok = mask & (w < count)[:, None]
                 ok2 = mask & (w + 1 < count)[:, None]
                 x = tl.load(v_ptr + (row0 + j * STRIDE_N)[:, None] + d[None, :], mask=ok, other=0.0).to(ACC)
@@ -658,6 +683,7 @@ def attn_res_bwd_onepass_kernel(
                                               STASH)
                 if NEED_DU:
                     du += tl.sum(coef[:, None] * x2, axis=0)
+            tl.debug_barrier()
     if NEED_DU:
         t0 = pid.to(tl.int64) * BLOCK_T
         _store_partial(partial_ptr, dv_ptr, du, pid, t0, d, d_mask, D, DV_STEP, STASH, STASH_BLOCK)

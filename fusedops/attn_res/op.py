@@ -32,6 +32,7 @@ from .kernels import (
     attn_res_fwd_depth_tile_kernel,
     attn_res_fwd_kernel,
     attn_res_param_grad_kernel,
+    waiting_slots_elements,
 )
 from .plan import OP, Plan, depth_tile_plan, make_plan, reduce_plan, stash_rows
 
@@ -214,11 +215,14 @@ def _backward(
             launch(attn_res_bwd_depth_tile_kernel, (plan.grid,), dict(rows_in, **walk),
                    dict(flags, BLOCK_N=plan.block_n, **stash_flags))
         elif one_pass:
+            defer = out.element_size() == 2
+            waiting = values.new_empty(waiting_slots_elements(plan.grid, plan.block_t) if defer else 0, dtype=acc)
             launch(
                 attn_res_bwd_onepass_kernel, (plan.grid,),
-                dict(rows_in, out_ptr=out.contiguous(), lse_ptr=lse.contiguous(), **walk),
-                dict(flags, DEFER=out.element_size() == 2, UNROLL=plan.unroll, BLOCK_T=plan.block_t, **stash_flags,
-                     **constant_dim, PREFETCH=plan.prefetch),
+                dict(rows_in, out_ptr=out.contiguous(), lse_ptr=lse.contiguous(), wait_ptr=waiting, **walk),
+                dict(flags, DEFER=defer, UNROLL=plan.unroll, BLOCK_T=plan.block_t, **stash_flags,
+                     **constant_dim, PREFETCH=plan.prefetch,
+                     FUSED_SUMS=plan.fused_sums),
             )
         else:
             stats = values.new_empty((3, n, tokens), dtype=acc)

@@ -58,6 +58,7 @@ class Plan:
     tokens_per_program: int = 0  # depth-tile forward: > 0 launches cdiv(tokens, it) programs, 0 a persistent grid
     constant_dim: bool = False  # depth-tile forward, one-pass backward: D a compile-time constant (one compile per D)
     prefetch: bool = False  # one-pass backward: each depth step's rows are loaded one step ahead
+    fused_sums: bool = False  # one-pass backward: a row's three sums in one reduction
 
 
 @memoize
@@ -107,7 +108,8 @@ def make_plan(target: Target, tokens: int, dim: int, elem_size: int, *, backward
     unroll = row["unroll"] if one_tile else 1
     return Plan(block_t=block_t, block_d=block_d, one_tile=one_tile, grid=grid, num_warps=num_warps, unroll=unroll,
                 one_pass=one_pass, constant_dim=bool(one_pass and row["constant_dim"]),
-                prefetch=bool(one_pass and row["prefetch"]))
+                prefetch=bool(one_pass and row["prefetch"]),
+                fused_sums=bool(one_pass and row["fused_sums"]))
 
 
 # The depth tiles hold all N source rows of a token at once. On CUDA the fp32 rows are the only

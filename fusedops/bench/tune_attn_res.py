@@ -10,7 +10,7 @@ Usage: python -m fusedops.bench.tune_attn_res   (TUNE_FORWARD=0 / TUNE_BACKWARD=
        python -m fusedops.bench.tune_attn_res stash   (the whole backward with the partial sums stashed in grad_values
                                                        against their own buffer: time and peak memory)
        python -m fusedops.bench.tune_attn_res bwd-dim   (the whole backward on the forward sweep's shapes: warps x
-                                                         programs per SM x D constant, fwd+bwd against fla)
+                                                         programs per SM, fwd+bwd against fla)
        python -m fusedops.bench.tune_attn_res bwd-ablation   (the one-pass backward kernel with one part off at a
                                                               time: where its time goes)"""
 
@@ -54,14 +54,15 @@ GROUPED_FWD_CONFIGS = [(r, w, p) for r, w in ((1, 4), (2, 4), (4, 4), (2, 8), (4
 GROUPED_FWD_CASES = [(9, 32768, 3072), (24, 2048, 6144), (9, 8192, 3584), (16, 512, 5120), (8, 8192, 7168),
                      (32, 8192, 7168), (12, 8192, 2304), (9, 8192, 1536), (6, 32768, 1024), (8, 32768, 2048),
                      (12, 32768, 4096), (3, 8192, 8192), (64, 2048, 8192), (4, 8192, 16384), (4, 32768, 12288)]
-# The one-pass backward's ablation: each variant turns one part of the kernel off or loads its rows a step ahead
-# (launch options over the plan's).
+# The one-pass backward's ablation: each variant turns one part of the kernel off (launch options over the plan's).
 BWD_ABLATIONS = [("planned", {}), ("no waiting rows (DEFER off)", {"DEFER": False}),
-                 ("no grad_values stores", {"NEED_DV": False}), ("no query-gradient sums", {"NEED_DU": False}),
-                 ("rows a step ahead (PREFETCH)", {"PREFETCH": True}),
-                 ("PREFETCH, no waiting rows", {"PREFETCH": True, "DEFER": False})]
-# The backward sweep: (warps, programs per SM, D constant: one-pass only) of the kernel the planner picks.
-BWD_DIM_CONFIGS = [(w, p, c) for w in (4, 8) for p in (2, 4) for c in (False, True)]
+                 ("rows loaded in their step (PREFETCH off)", {"PREFETCH": False}),
+                 ("three reductions a row (FUSED_SUMS off)", {"FUSED_SUMS": False}),
+                 ("neither", {"PREFETCH": False, "FUSED_SUMS": False}),
+                 ("no grad_values stores", {"NEED_DV": False}), ("no query-gradient sums", {"NEED_DU": False})]
+# The backward sweep: (warps, programs per SM, D constant: one-pass only) of the kernel the planner picks
+# (D constant: taken in run 13).
+BWD_DIM_CONFIGS = [(w, p, True) for w in (4, 8) for p in (2, 3, 4)]
 DEPTH_CASES = [(n, d) for d in (1024, 2048, 4096, 7168, 8192, 16384) for n in (2, 3, 4, 6, 8, 16, 32)
                if next_pow2(n) * next_pow2(d) <= 32768]
 
@@ -190,10 +191,8 @@ def sweep_depth_tile_forward() -> None:
 def sweep_backward_dim() -> None:
     """The whole backward (kernel and reduction; every gradient of bf16 values and fp32 query/weight, given the
     forward's out and lse), CUDA-graph replays, on the forward sweep's cases (TUNE_CASES replaces them): the
-    planner's plan against its kernel (one-pass or depth tile) on 4 or 8 warps x 2 or 4 programs per SM, the
-    one-pass kernel with D a compile-time constant or not; then forward+backward steps, ours and fla-core's, as %
-    of copy of
-    (N + 1) + (2N + 1) rows."""
+    planner's plan against its kernel (one-pass or depth tile) on BWD_DIM_CONFIGS' warps and programs per SM; then
+    forward+backward steps, ours and fla-core's, as % of copy of (N + 1) + (2N + 1) rows."""
     from fusedops.attn_res.op import backward_plan
     from fusedops.bench.attn_res import fla
     from fusedops.bench.common import MissingBaseline, cuda_graph_step
@@ -240,8 +239,8 @@ def sweep_backward_dim() -> None:
 def sweep_backward_ablation() -> None:
     """Where the one-pass backward's time goes: the kernel alone (no reduction), bf16 values, CUDA-graph replays, on
     the wide shapes (TUNE_CASES replaces them), under the planner's plan and with one part turned off at a time
-    (BWD_ABLATIONS: the waiting heavy rows, the grad_values stores, the query-gradient sums) or its rows loaded a
-    step ahead, as ms and % of copy over (2N + 1) rows. A part whose removal saves little is not where the time goes."""
+    (BWD_ABLATIONS: the waiting heavy rows, the loads a step ahead, the row sums in one reduction, the grad_values
+    stores, the query-gradient sums), as ms and % of copy over (2N + 1) rows. A part whose removal saves little is not where the time goes."""
     from fusedops.attn_res.op import backward_plan
 
     dev, target, ceiling = _cuda_setup()
@@ -252,9 +251,14 @@ def sweep_backward_ablation() -> None:
         if not (plan.one_pass and plan.one_tile):
             print(f"{case}: planned {plan}, not the one-pass kernel")
             continue
+        planned = _onepass(kernel, g, v, q, w, out, lse, target, plan, {})
         for label, extra in BWD_ABLATIONS:
+            got = _onepass(kernel, g, v, q, w, out, lse, target, plan, extra)
+            # grad_values only (the reduction is not launched), as integers: its stash rows hold fp32 bits
+            same = torch.equal(got[0].view(torch.int16), planned[0].view(torch.int16))
             ms = _replay_ms(lambda: _onepass(kernel, g, v, q, w, out, lse, target, plan, extra))
-            print(f"{case} | {label} | {ms:.4f} ms | {100 * nbytes / ms / 1e9 / ceiling:.1f}%", flush=True)
+            print(f"{case} | {label} | {ms:.4f} ms | {100 * nbytes / ms / 1e9 / ceiling:.1f}% | "
+                  f"{'same bits' if same else 'other bits'}", flush=True)
         del v, g, out
         torch.cuda.empty_cache()
 
