@@ -311,7 +311,8 @@ def test_scan_backward_gives_the_sort_paths_bits(path, p):
 def test_backward_path_follows_the_batch_size():
     """The plan takes the scan kernel for a known batch of at most bwd_scan's max_tokens (2048 on the
     H100's rows, 64 on the interpreter's CUDA plan, none on Ascend), the sort path otherwise: a symbolic
-    batch (a dynamic-shape graph, which serves every size) always. plan_override's scan_tokens picks."""
+    batch (a dynamic-shape graph, which serves every size) always, and so does a CUDA graph capture.
+    plan_override's scan_tokens picks."""
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
     symbolic = ShapeEnv().create_unbacked_symint()
@@ -321,6 +322,7 @@ def test_backward_path_follows_the_batch_size():
 
     interpreted = cuda_target(interpreted=True)
     assert scans(H100, 2048) and not scans(H100, 2049) and not scans(H100, symbolic)
+    assert not backward_plan(H100, 1000, 768, 2, 64, capturing=True).scans(64)
     assert scans(interpreted, 64) and not scans(interpreted, 65)
     assert not any(scans(ascend_target(interpreted=i), 1) for i in (False, True))
     with fusedops.plan_override("embedding", "bwd", scan_tokens=0):
@@ -328,6 +330,7 @@ def test_backward_path_follows_the_batch_size():
     with fusedops.plan_override("embedding", "bwd", scan_tokens=10**6, block_d=128):
         plan = backward_plan(ascend_target(), 1000, 768, 2, 5000)
         assert plan.scans(5000) and plan.block_d == 128 and not scans(ascend_target(), symbolic)
+        assert backward_plan(H100, 1000, 768, 2, 64, capturing=True).scans(64)
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -821,6 +824,36 @@ print("NO ERROR", out.shape)
         graph.replay()
         want_out, want_grad = step()
         assert torch.equal(out, want_out) and torch.equal(grad, want_grad)
+
+    def test_captured_small_step_takes_the_sort_path(self):
+        """A batch the scan kernel takes in eager mode takes the sort path inside a CUDA graph capture (no
+        host time to save there; a padded batch's long run is slower to scan): same bits either way."""
+        V, D = 5000, 768
+        weight = torch.randn(V, D, device="cuda", requires_grad=True)
+        idx = torch.randint(0, V, (2, 256), device="cuda")
+        idx[:, 100:] = 0  # padding without padding_idx: one run of 312 tokens
+        grad_out = torch.randn(2, 256, D, device="cuda")
+
+        def step():
+            return torch.autograd.grad(fusedops.embedding(idx, weight), weight, grad_out)[0]
+
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # compile both paths' kernels outside the capture
+            step()
+            with fusedops.plan_override("embedding", "bwd", scan_tokens=0):
+                step()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with recorded_launches(emb_op) as captured_launches, torch.cuda.graph(graph):
+            grad = step()
+        graph.replay()
+        with recorded_launches(emb_op) as eager_launches:
+            eager = step()
+        assert "embedding_bwd_scan_kernel" in [name for name, _, _ in eager_launches]
+        captured = [name for name, _, _ in captured_launches]
+        assert "embedding_bwd_kernel" in captured and "embedding_bwd_scan_kernel" not in captured
+        assert torch.equal(grad, eager)
 
     def test_large_vocabulary_padding_and_repeats(self):
         """At a real vocabulary size: the padding row's gradient is zero, heavy repeats sum right, and the

@@ -151,12 +151,14 @@ def _sorted_runs(indices: Tensor, num_weights: int, target: Target) -> tuple[Ten
 def _backward(
     grad_out: Tensor, indices: Tensor, num_weights: int, padding_idx: int, scale_grad_by_freq: bool, target: Target
 ) -> Tensor:
-    """grad_weight on the plan's path: the scan kernel (a small batch) or the sort path, the same bits."""
+    """grad_weight on the plan's path: the scan kernel (a small batch, outside a CUDA graph capture) or the
+    sort path, the same bits."""
     dim = grad_out.shape[-1]
     if num_weights == 0 or dim == 0:
         return grad_out.new_empty((num_weights, dim))
     tokens = indices.numel()
-    plan = backward_plan(target, num_weights, dim, grad_out.element_size(), tokens)
+    capturing = grad_out.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    plan = backward_plan(target, num_weights, dim, grad_out.element_size(), tokens, capturing)
     run = _scan_backward if plan.scans(tokens) else _sort_backward
     return run(grad_out, indices, num_weights, padding_idx, scale_grad_by_freq, target, plan)
 

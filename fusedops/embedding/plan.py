@@ -171,11 +171,17 @@ def scan_plan(target: Target, dim: int, elem_size: int, tokens: int, base: Plan)
                    num_warps=row["num_warps"] or min(8, max(1, block_d // 1024)), max_registers=None, evict="")
 
 
-def backward_plan(target: Target, num_weights: int, dim: int, elem_size: int, tokens: int) -> Plan:
+def backward_plan(target: Target, num_weights: int, dim: int, elem_size: int, tokens: int,
+                  capturing: bool = False) -> Plan:
     """The backward's plan under what fusedops.plan_override("embedding", "bwd", ...) forces: the scan
     kernel's where it `scans` the batch (a forced scan_tokens picks the path: 0 the sort path, at least the
-    batch the scan), else the sort path's; the other forced fields on top of either."""
+    batch the scan), else the sort path's; the other forced fields on top of either. `capturing` (a CUDA
+    graph capture, unless scan_tokens is forced): the sort path. The scan path saves host time, which a
+    graph does not replay, and its device time is longer on padded batches (bench/NOTES.md, embedding, the
+    scan backward); the two give the same bits."""
     plan = forced_plan(make_plan(target, num_weights, dim, elem_size, backward=True, tokens=tokens), "bwd")
+    if capturing and "scan_tokens" not in forced(OP, "bwd"):
+        plan = replace(plan, scan_tokens=0)
     return forced_plan(scan_plan(target, dim, elem_size, tokens, plan), "bwd") if plan.scans(tokens) else plan
 
 
