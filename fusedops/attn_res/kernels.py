@@ -441,7 +441,8 @@ def attn_res_bwd_kernel(
 
 # The one-pass backward defers rows whose weight alpha_i >= DEFER_ALPHA to the end of their token: at
 # most WAITING_SLOTS of them (the weights sum to one). Their statistics wait in memory, in each
-# program's [WAITING_SLOTS, 4, BLOCK_T] slots of `wait_ptr` (logit, rstd, <g, v_i>, i).
+# program's [WAITING_SLOTS, 4, BLOCK_T] slots of `wait_ptr` (logit, rstd, <g, v_i> and the row index i,
+# whose integer bits are stored as they are: exact for any N).
 WAITING_SLOTS = 8
 DEFER_ALPHA = tl.constexpr(0.125)
 MAX_DEFERRED = tl.constexpr(WAITING_SLOTS)
@@ -495,7 +496,8 @@ def _waiting_row(wait_ptr, pid, w, ok, BLOCK_T: tl.constexpr):
     logit = tl.load(slot, mask=ok, other=0.0)
     rstd = tl.load(slot + BLOCK_T, mask=ok, other=0.0)
     gv = tl.load(slot + 2 * BLOCK_T, mask=ok, other=0.0)
-    return tl.load(slot + 3 * BLOCK_T, mask=ok, other=0.0).to(tl.int64), logit, rstd, gv
+    bits = tl.load(slot + 3 * BLOCK_T, mask=ok, other=0.0)
+    return bits.to(tl.int64 if bits.dtype == tl.float64 else tl.int32, bitcast=True).to(tl.int64), logit, rstd, gv
 
 
 @triton.jit
@@ -534,20 +536,22 @@ def attn_res_bwd_onepass_kernel(
     the softmax, so the rounding alone would cost such a row ~10% of its gradient. DEFER (out not fp32):
     a row with alpha_i >= 1/8 is not written in the pass; its statistics wait in the program's slots of
     `wait_ptr` (waiting_slots_elements) until the pass has summed the exact <g, out> = sum_j alpha_j
-    <g, v_j> in fp32, then it is re-read (it was just read, from L2) and written once. The rows written early carry alpha_i < 1/8 of the rounding in
-    grad_values; the query gradient gets none of it: their summed alpha_i rstd_i v_i ([BLOCK_T, BLOCK_D],
-    fp16: it is only ever scaled by that ~2^-9 error, and |alpha_i rstd_i v_i| <= sqrt(D)) is scaled by the
-    error of the rounded <g, out> once it is known. Without that, the softmax
-    gradients would no longer sum to zero and a query gradient that cancels would lose all precision.
+    <g, v_j> in fp32, then it is re-read (it was just read, from L2) and written once. The rows written
+    early carry alpha_i < 1/8 of the rounding in grad_values; the query gradient gets none of it: their
+    summed alpha_i rstd_i v_i ([BLOCK_T, BLOCK_D], fp16: it is only ever scaled by that ~2^-9 error, and
+    |alpha_i rstd_i v_i| <= sqrt(D)) is scaled by the error of the rounded <g, out> once it is known.
+    Without that, the softmax gradients would no longer sum to zero and a query gradient that cancels
+    would lose all precision.
     Each persistent program sums ds_i rstd_i v_i over its tokens in registers and writes its row of
     `partial_ptr` ([programs, D] fp32) once at the end, zeros if it had no token. STASH > 0: that row goes
     to grad_values instead (_store_partial; every program has a token) and partial_ptr keeps the scalars
     of the rows it overwrites. DIM > 0: D as a compile-time constant (D == DIM). PREFETCH: each step's
-    loads are issued one step ahead.
+    loads are issued one step ahead. FUSED_SUMS: a row's three sums (x.x, x.u, x.g) in one reduction.
     """
     if DIM > 0:
         D = DIM
     ACC = tl.float64 if F64 else tl.float32
+    INDEX = tl.int64 if F64 else tl.int32  # a waiting row's index, stored as ACC's bits
     eps = tl.cast(eps, ACC)  # Inductor passes Python floats as fp64
     pid = tl.program_id(0)
     d = tl.arange(0, BLOCK_D)
@@ -609,7 +613,7 @@ def attn_res_bwd_onepass_kernel(
                 tl.store(slot, logit, mask=defer)
                 tl.store(slot + BLOCK_T, rstd, mask=defer)
                 tl.store(slot + 2 * BLOCK_T, gv, mask=defer)
-                tl.store(slot + 3 * BLOCK_T, tl.zeros([BLOCK_T], ACC) + i, mask=defer)
+                tl.store(slot + 3 * BLOCK_T, (tl.zeros([BLOCK_T], INDEX) + i).to(ACC, bitcast=True), mask=defer)
                 count += defer.to(tl.int32)
             if NEED_DV:
                 tl.store(dv_ptr + dst[:, None] + d[None, :], dx.to(dv_ptr.dtype.element_ty),
@@ -632,7 +636,8 @@ def attn_res_bwd_onepass_kernel(
                     tl.store(slot, logit, mask=defer)
                     tl.store(slot + BLOCK_T, rstd, mask=defer)
                     tl.store(slot + 2 * BLOCK_T, gv, mask=defer)
-                    tl.store(slot + 3 * BLOCK_T, tl.zeros([BLOCK_T], ACC) + (i + 1), mask=defer)
+                    tl.store(slot + 3 * BLOCK_T, (tl.zeros([BLOCK_T], INDEX) + i + 1).to(ACC, bitcast=True),
+                             mask=defer)
                     count += defer.to(tl.int32)
                 if NEED_DV:
                     tl.store(dv_ptr + (dst + DV_STEP)[:, None] + d[None, :], dx.to(dv_ptr.dtype.element_ty),
