@@ -361,8 +361,8 @@ def attn_res_bwd_kernel(
                 gv = tl.load(sptrs + 2 * STAT_PLANE, mask=t_mask, other=0.0)
                 if UNROLL == 2:
                     has_prev = j + 1 < N
-                    prev_mask = t_mask & has_prev
-                    x_prev = tl.load(ptrs - STRIDE_N, mask=mask & has_prev, other=0.0).to(ACC)
+                    prev_mask = mask_if(has_prev, t_mask)
+                    x_prev = tl.load(ptrs - STRIDE_N, mask=mask_if(has_prev, mask), other=0.0).to(ACC)
                     logit_prev = tl.load(sptrs - T, mask=prev_mask, other=0.0)
                     rstd_prev = tl.load(sptrs - T + STAT_PLANE, mask=prev_mask, other=0.0)
                     gv_prev = tl.load(sptrs - T + 2 * STAT_PLANE, mask=prev_mask, other=0.0)
@@ -374,7 +374,7 @@ def attn_res_bwd_kernel(
                 if UNROLL == 2:
                     dx, coef, _, _ = _grad_row(x_prev, g, u, logit_prev, rstd_prev, gv_prev, lse, g_out, D)
                     if NEED_DV:
-                        tl.store(dptrs - DV_STEP, dx.to(dv_ptr.dtype.element_ty), mask=mask & has_prev)
+                        tl.store(dptrs - DV_STEP, dx.to(dv_ptr.dtype.element_ty), mask=mask_if(has_prev, mask))
                     if NEED_DU:
                         du += tl.sum(coef[:, None] * x_prev, axis=0)  # x_prev is 0 where masked
                 ptrs -= tl.cast(STRIDE_N, tl.int64) * UNROLL
