@@ -478,6 +478,22 @@ def test_one_pass_prefetch_gives_the_same_bits(path, n):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+@pytest.mark.parametrize("order", [{}, dict(prefetch=True, fused_sums=True)])
+def test_one_pass_four_waiting_rows_a_token(path, order):
+    """Four equal heavy rows a token (alpha ~1/4 each, two light ones beside them): four waiting slots
+    filled in the pass and read back in two steps of the tail, against the float64 gradients."""
+    gen = torch.Generator().manual_seed(5)
+    query, weight = torch.randn(32, generator=gen), torch.rand(32, generator=gen) + 0.5
+    base = (query * weight).expand(5, 32) * 3 + torch.randn(5, 32, generator=gen) * 0.1
+    values = torch.stack([base] * 4 + [-base, -2 * base]).to(torch.bfloat16)
+    grad_out = torch.randn(5, 32, generator=gen).to(torch.bfloat16)
+    with execution_path(path):
+        grads = one_pass_grads(values, query, weight, grad_out, order)
+    assert_grads_close(grads, reference_grads(values, query, weight, 1e-6, grad_out)[1], values, query, weight,
+                       1e-6, grad_out)
+
+
 STASH_BUDGET = 4096  # bytes: several programs of two tokens each on both plans (one token each past D 64)
 
 
