@@ -221,8 +221,7 @@ def _backward(
                 attn_res_bwd_onepass_kernel, (plan.grid,),
                 dict(rows_in, out_ptr=out.contiguous(), lse_ptr=lse.contiguous(), wait_ptr=waiting, **walk),
                 dict(flags, DEFER=defer, UNROLL=plan.unroll, BLOCK_T=plan.block_t, **stash_flags,
-                     **constant_dim, PREFETCH=plan.prefetch,
-                     FUSED_SUMS=plan.fused_sums),
+                     **constant_dim, PREFETCH=plan.prefetch, FUSED_SUMS=plan.fused_sums),
             )
         else:
             stats = values.new_empty((3, n, tokens), dtype=acc)
