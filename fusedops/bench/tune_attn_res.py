@@ -240,7 +240,8 @@ def sweep_backward_ablation() -> None:
     """Where the one-pass backward's time goes: the kernel alone (no reduction), bf16 values, CUDA-graph replays, on
     the wide shapes (TUNE_CASES replaces them), under the planner's plan and with one part turned off at a time
     (BWD_ABLATIONS: the waiting heavy rows, the loads a step ahead, the row sums in one reduction, the grad_values
-    stores, the query-gradient sums), as ms and % of copy over (2N + 1) rows. A part whose removal saves little is not where the time goes."""
+    stores, the query-gradient sums), as ms and % of copy over (2N + 1) rows, and whether grad_values keeps the
+    planned kernel's bits. A part whose removal saves little is not where the time goes."""
     from fusedops.attn_res.op import backward_plan
 
     dev, target, ceiling = _cuda_setup()
