@@ -60,9 +60,9 @@ BWD_ABLATIONS = [("planned", {}), ("no waiting rows (DEFER off)", {"DEFER": Fals
                  ("three reductions a row (FUSED_SUMS off)", {"FUSED_SUMS": False}),
                  ("neither", {"PREFETCH": False, "FUSED_SUMS": False}),
                  ("no grad_values stores", {"NEED_DV": False}), ("no query-gradient sums", {"NEED_DU": False})]
-# The backward sweep: (warps, programs per SM, D constant: one-pass only) of the kernel the planner picks
-# (D constant: taken in run 13).
-BWD_DIM_CONFIGS = [(w, p, True) for w in (4, 8) for p in (2, 3, 4)]
+# The backward sweep: (warps, programs per SM) of the kernel the planner picks, its other fields as planned
+# (the one-pass kernel's constant D: taken in run 13).
+BWD_DIM_CONFIGS = [(w, p) for w in (4, 8) for p in (2, 3, 4)]
 DEPTH_CASES = [(n, d) for d in (1024, 2048, 4096, 7168, 8192, 16384) for n in (2, 3, 4, 6, 8, 16, 32)
                if next_pow2(n) * next_pow2(d) <= 32768]
 
@@ -207,16 +207,15 @@ def sweep_backward_dim() -> None:
         base = backward_plan(target, tokens, n, dim, 2, True)
         kind = "depth tile" if base.block_n else "one-pass" if base.one_pass and base.one_tile else "two-phase"
         best = (planned, f"planned {kind}")
-        for warps, per_sm, const in BWD_DIM_CONFIGS if kind != "two-phase" else ():
+        for warps, per_sm in BWD_DIM_CONFIGS if kind != "two-phase" else ():
             per_thread = base.block_t * base.block_d * max(1, base.block_n) // (32 * warps)
-            if not 8 <= per_thread <= 128 or (const and kind != "one-pass"):  # constant D: the one-pass kernel's
+            if not 8 <= per_thread <= 128:
                 continue
-            plan = dataclasses.replace(base, num_warps=warps, grid=min(tokens, per_sm * target.vector_cores),
-                                       constant_dim=const)
+            plan = dataclasses.replace(base, num_warps=warps, grid=min(tokens, per_sm * target.vector_cores))
             got = _bwd(plan, g, v, q, w, target, out, lse)
             err = max(((a.float() - b.float()).norm() / b.float().norm()).item() for a, b in zip(got, ref))
             ms = _replay_ms(lambda: _bwd(plan, g, v, q, w, target, out, lse))
-            label = f"{kind} w{warps} {per_sm}/SM{' D const' if const else ''}"
+            label = f"{kind} w{warps} {per_sm}/SM"
             print(f"{case} {label}: {ms:.4f} ms {100 * nbytes / ms / 1e9 / ceiling:.1f}% err {err:.1e}", flush=True)
             best = min(best, (ms, label))
         steps = {}
