@@ -34,8 +34,14 @@ def _folded_query(q_ptr, w_ptr, d, d_mask, HAS_WEIGHT: tl.constexpr, ACC: tl.con
 @triton.jit
 def _row_logit(x, u, D, eps):
     """(logit, rstd) of fp32 rows x [BLOCK_T, BLOCK_D] against the folded query u [BLOCK_D]."""
-    rstd = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)
-    return tl.sum(x * u[None, :], axis=1) * rstd, rstd
+    return _logit_of_sums(tl.sum(x * x, axis=1), tl.sum(x * u[None, :], axis=1), D, eps)
+
+
+@triton.jit
+def _logit_of_sums(squares, dot_u, D, eps):
+    """(logit, rstd) of rows from their sums of x * x and of x * u."""
+    rstd = tl.rsqrt(squares / D + eps)
+    return dot_u * rstd, rstd
 
 
 @triton.jit
@@ -469,8 +475,7 @@ def _one_pass_row(x, row_ok, g, u, lse, g_out, D, eps, count, g_out_exact, DEFER
     <g, out> so far, alpha_i, k_i (see _row_grad))."""
     if FUSED_SUMS:
         squares, dot_u, gv = tl.reduce((x * x, x * u[None, :], x * g), 1, _add3)
-        rstd = tl.rsqrt(squares / D + eps)
-        logit = dot_u * rstd
+        logit, rstd = _logit_of_sums(squares, dot_u, D, eps)
     else:
         logit, rstd = _row_logit(x, u, D, eps)
         gv = tl.sum(x * g, axis=1)
@@ -501,14 +506,10 @@ def _waiting_row(wait_ptr, pid, w, ok, BLOCK_T: tl.constexpr):
 
 
 @triton.jit
-def _token_loads(block, g_ptr, out_ptr, v_ptr, N, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, d, d_mask,
-                 UNROLL: tl.constexpr, BLOCK_T: tl.constexpr):
-    """Token block `block`'s grad_out and out tiles and its first one or two source rows (as stored;
-    zeros past T and N), all loads issued before any is used."""
-    t = block * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)
-    mask = (t < T)[:, None] & d_mask[None, :]
-    io = t[:, None] * D + d[None, :]
-    src = _token_rows(t, S1, S2, ST0, ST1, ST2)
+def _token_loads(g_ptr, out_ptr, v_ptr, io, src, mask, d, N, STRIDE_N, UNROLL: tl.constexpr):
+    """A token block's grad_out and out tiles (at offsets io) and its first one or two source rows (at
+    src, a [BLOCK_T] column of row offsets), as stored, zeros outside `mask` and past N; all loads issued
+    before any is used."""
     g = tl.load(g_ptr + io, mask=mask, other=0.0)
     out = tl.load(out_ptr + io, mask=mask, other=0.0)
     x = tl.load(v_ptr + src[:, None] + d[None, :], mask=mask, other=0.0)
@@ -571,8 +572,7 @@ def attn_res_bwd_onepass_kernel(
         io = t[:, None] * D + d[None, :]
         row0 = _token_rows(t, S1, S2, ST0, ST1, ST2)  # [BLOCK_T] offsets: no pointer tile is loop-carried
         if PREFETCH:  # the first rows are loaded beside g and out, each depth step's rows one step ahead
-            g, out_tile, ahead, ahead_next = _token_loads(block, g_ptr, out_ptr, v_ptr, N, T, D, S1, S2, ST0, ST1,
-                                                          ST2, STRIDE_N, d, d_mask, UNROLL, BLOCK_T)
+            g, out_tile, ahead, ahead_next = _token_loads(g_ptr, out_ptr, v_ptr, io, row0, mask, d, N, STRIDE_N, UNROLL)
         else:
             g = tl.load(g_ptr + io, mask=mask, other=0.0)
             out_tile = tl.load(out_ptr + io, mask=mask, other=0.0)
