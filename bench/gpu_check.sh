@@ -13,6 +13,9 @@
 # block = fusedops.bench.block_attn_res (PARTS, default all four), blocktune = fusedops.bench.tune_block_attn_res
 # (BLOCKTUNE, default "multi merge"), experiment = python -m bench.experiments.$EXP,
 # grid = fusedops.bench.attn_res_grid (issue 31's attn_res shape grid, GRID_S; JSON and heatmaps into $OUT),
+# gridpar = the same grid over every GPU of the host: GRID_WARM processes a GPU (default 4) first run its shapes
+# once untimed (compiles), beside the GPU tests on GPU 0 when STEPS also names tests (run them there, not after),
+# then one timed part a GPU (GRID_S each), merged by --summarize; the parts' JSON and logs come back as one tgz,
 # nagrid = fusedops.bench.na_grid (issue 32's neighborhood-attention grid against Flex; PART, default 1/2),
 # tests = the GPU tests (TEST_K: a pytest -k expression), aoti = the AOTInductor package test (3.5-5 min of compiling), lm = the example model,
 # bench = python -m fusedops.bench.
@@ -27,6 +30,7 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 fi
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
 for step in ${STEPS:-tests bench}; do
+  [[ $step == tests && " ${STEPS:-} " == *" gridpar "* ]] && continue  # gridpar runs the tests beside its warm-up
   case $step in
     host)
       timeout "${HOST_S:-150}" python3 -m fusedops.bench.host > "$OUT/host.txt" 2>&1
@@ -76,6 +80,27 @@ for step in ${STEPS:-tests bench}; do
       echo "grid (exit $?):"
       if grep -q "^attn_res grid summary" "$OUT/grid.txt"; then sed -n '/^attn_res grid summary/,$p' "$OUT/grid.txt"
       else grep -E " ms" "$OUT/grid.txt" | tail -n 40; fi ;;
+    gridpar)
+      gpus=$(python3 -c "import torch; print(torch.cuda.device_count())"); warm=$(( gpus * ${GRID_WARM:-4} ))
+      parts=/tmp/gridpar; rm -rf $parts; mkdir -p $parts; started=$SECONDS
+      for j in $(seq 1 $warm); do
+        CUDA_VISIBLE_DEVICES=$(( (j - 1) % gpus )) timeout "${WARM_S:-300}" python3 -m fusedops.bench.attn_res_grid \
+          --device cuda --warm --part "$j/$warm" > "$parts/warm-$j.txt" 2>&1 &
+      done
+      if [[ " ${STEPS} " == *" tests "* ]]; then
+        CUDA_VISIBLE_DEVICES=0 STEPS=tests bash bench/gpu_check.sh
+      fi
+      wait; echo "gridpar: warm-up of $warm processes on $gpus GPUs took $(( SECONDS - started )) s;" \
+        "$(cat $parts/warm-*.txt | grep -c ': ok$') shape-warm-ups ok, not ok: $(grep -h 'warm ' $parts/warm-*.txt | grep -v ': ok$' | tr '\n' ' ')"
+      for i in $(seq 1 $gpus); do
+        CUDA_VISIBLE_DEVICES=$(( i - 1 )) timeout "${GRID_S:-420}" python3 -m fusedops.bench.attn_res_grid --device cuda \
+          --part "$i/$gpus" --out $parts --no-plots --max-seconds $(( ${GRID_S:-420} - 40 )) > "$parts/grid-$i.txt" 2>&1 &
+      done
+      wait; echo "gridpar: timed parts done at $(( SECONDS - started )) s"
+      python3 -m fusedops.bench.attn_res_grid --summarize $parts/attn_res_grid-cuda-*-part*.json --out "$OUT" \
+        > "$OUT/grid.txt" 2>&1
+      for i in $(seq 1 $gpus); do sed -n '/^attn_res grid summary/,$p' "$parts/grid-$i.txt" >> "$OUT/grid.txt"; done
+      tar -czf "$OUT/grid-parts.tgz" -C $parts . ; cat "$OUT/grid.txt" | head -n 40 ;;
     nagrid)
       timeout "${NAGRID_S:-560}" python3 -m fusedops.bench.na_grid --part "${PART:-1/2}" --out "$OUT/na_grid.json" \
         > "$OUT/na_grid.txt" 2>&1

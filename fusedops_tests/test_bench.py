@@ -284,6 +284,14 @@ def test_attn_res_grid_covers_every_axis_and_runs_quick_on_cpu(tmp_path, monkeyp
     assert grid.main(["--device", "cpu", "--sizes", "no-such-shape", "--out", str(tmp_path)]) == 2
     assert "selects no shape on cpu" in capsys.readouterr().err
 
+    # --warm times and writes nothing; --summarize merges parts' rows into one JSON beside its summary
+    assert grid.main(["--quick", "--device", "cpu", "--warm", "--part", "1/2", "--out", str(tmp_path / "w")]) == 0
+    assert "warm " in capsys.readouterr().err and not (tmp_path / "w").exists()
+    assert grid.main(["--summarize", str(path), str(path), "--out", str(tmp_path / "m"), "--no-plots"]) == 0
+    merged = json.loads((tmp_path / "m" / "attn_res_grid-cpu-merged.json").read_text())
+    assert merged["rows"] == data["rows"] * 2 and len(merged["meta"]["parts"]) == 2
+    assert capsys.readouterr().out.startswith("attn_res grid summary: 3 shapes from 2 runs")
+
 
 def test_attn_res_grid_heatmaps(tmp_path):
     pytest.importorskip("matplotlib")

@@ -30,7 +30,9 @@ panel per mode: fusedops % of copy and fusedops time / best baseline time, each 
 a summary per provider and mode (worst, median, target). --max-seconds: start no new shape after that many
 seconds, and summarise what was measured. The whole grid takes ~40 s a shape on a fresh H200 (compiles and
 fla's autotuning included): split it over device calls with --part I/K and summarise the parts' JSON files
-together with --summarize. On a CPU a few tiny shapes of the grid run the PyTorch reference path:
+together with --summarize. --warm runs each shape's steps once and times nothing: several such processes
+over --part's of the grid fill Triton's on-disk cache (and fla's compiles) in parallel before the timed runs
+(bench/gpu_check.sh STEPS=gridpar: one timed part per GPU after the warm-up). On a CPU a few tiny shapes of the grid run the PyTorch reference path:
 a smoke test, the timings indicative only. bench/gpu_check.sh runs it as STEPS=grid.
 """
 
@@ -51,7 +53,7 @@ import torch
 
 from fusedops.bench import attn_res
 from fusedops.bench.common import (DTYPES, Context, case_name, cuda_graph, cuda_graph_step, detect_device,
-                                   device_name, fwd_bwd_fns, measure, measure_ceiling, save_figure)
+                                   device_name, fwd_bwd_fns, measure, measure_ceiling, save_figure, synchronize)
 
 PROG = "python -m fusedops.bench.attn_res_grid"
 OP = "attn_res_grid"
@@ -167,6 +169,45 @@ def run_shape(ctx: Context, shape, elem: int) -> list[dict]:
         if t and t0:
             r["ratio"] = t / t0
     return rows
+
+
+WARM_LOCKED_BYTES = 2**30  # inputs above this take the GPU's lock in --warm: one large shape a GPU at a time
+
+
+def warm_shape(ctx: Context, shape) -> str:
+    """Every provider's forward and forward+backward of one shape run once, untimed (compiles and autotuning
+    land in the caches); a line saying which failed. Inputs over WARM_LOCKED_BYTES wait for a file lock per
+    visible GPU, so that warm-up processes sharing a GPU hold one large shape at a time."""
+    import fcntl
+
+    n, tokens, d = shape
+    elem = torch.empty((), dtype=ctx.dtype).element_size()
+    lock = None
+    if n * tokens * d * elem > WARM_LOCKED_BYTES:
+        gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "all").replace(",", "_")
+        lock = open(f"/tmp/fusedops-grid-warm-{gpu}.lock", "w")
+        fcntl.flock(lock, fcntl.LOCK_EX)
+    failed = []
+    try:
+        values = torch.randn(n, 1, tokens, d, device=ctx.device, dtype=ctx.dtype, requires_grad=True)
+        query = (0.1 * torch.randn(d, device=ctx.device)).requires_grad_()
+        norm_weight = torch.ones(d, device=ctx.device, requires_grad=True)
+        inputs = [values, query, norm_weight]
+        for name, fn in providers().items():
+            try:
+                fns = fwd_bwd_fns(lambda fn=fn: fn(*inputs), inputs)
+                fns["fwd"]()
+                fns["fwd+bwd"]()
+                del fns
+            except Exception as e:  # noqa: BLE001 - the timed run reports it
+                failed.append(f"{name}: {type(e).__name__}")
+        del values, query, norm_weight, inputs
+        synchronize(ctx.device)
+    finally:
+        ctx.empty_cache()
+        if lock is not None:
+            lock.close()
+    return "; ".join(failed) or "ok"
 
 
 def summary(rows: list[dict], graphs: bool, header: str) -> str:
@@ -286,7 +327,10 @@ def main(argv=None) -> int:
     p.add_argument("--part", default=None, metavar="I/K",
                    help="every K-th shape from the I-th (1-based): the grid split over K runs (e.g. device calls)")
     p.add_argument("--summarize", nargs="+", default=None, metavar="JSON",
-                   help="measure nothing: the summary and heatmaps of these runs' JSON files together")
+                   help="measure nothing: the summary and heatmaps of these runs' JSON files together, and their "
+                        "rows in one JSON file in --out")
+    p.add_argument("--warm", action="store_true",
+                   help="time nothing: run each shape once (fills the compile caches for a later timed run)")
     p.add_argument("--out", default=os.path.join("bench", "results"), help="directory for the JSON and PNGs")
     p.add_argument("--no-plots", action="store_true")
     args = p.parse_args(argv)
@@ -311,6 +355,10 @@ def main(argv=None) -> int:
         print(f"{PROG}: --sizes {' '.join(args.sizes or [])} selects no shape on {device.type}; its shapes: "
               + " ".join(case_name(s) for s in full), file=sys.stderr)
         return 2
+    if args.warm:
+        for shape in shapes:
+            ctx.progress(f"warm {case_name(shape)}: {warm_shape(ctx, shape)}")
+        return 0
     name = device_name(device)
     ctx.progress(f"device {device} ({name}), {args.dtype}, {len(shapes)} shapes: {split(shapes, elem)}")
     if skipped:
@@ -369,9 +417,14 @@ def summarize(paths, out: Path, no_plots: bool) -> int:
     header = (f"attn_res grid summary: {len(names)} shapes from {len(runs)} runs, {meta['dtype']}, "
               f"{meta['device_name']}; copy {', '.join(str(run['meta']['ceiling_tbps']) for run in runs)} TB/s")
     print(summary(rows, graphs, header))
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"attn_res_grid-{meta['device'].split(':')[0]}-merged"
+    merged = {"meta": {**meta, "parts": [run["meta"] for run in runs], "shapes": names, "summary": header},
+              "rows": rows}
+    (out / f"{stem}.json").write_text(json.dumps(merged, indent=1, default=str))
+    print(f"wrote {out / f'{stem}.json'}")
     if not no_plots:
-        out.mkdir(parents=True, exist_ok=True)
-        for path in heatmaps(rows, out, f"attn_res_grid-{meta['device'].split(':')[0]}-merged", header):
+        for path in heatmaps(rows, out, stem, header):
             print(f"wrote {path}")
     return 0
 
