@@ -5,7 +5,7 @@
 #   STEPS="host tune tests bench" OPS="attn_res embedding" TEST_S=200 BENCH_S=330 bash bench/gpu_check.sh
 # STEPS (default "tests bench"): host = fusedops.bench.host (host overhead vs GPU time),
 # tune = fusedops.bench.tune_attn_res (attn_res plan sweep), depthtune / depthfwd = the attn_res depth-tile backward /
-# forward sweeps, bwddim = the attn_res backward's warps x grid x constant-D sweep, bwdablate = where the
+# forward sweeps, fwdsplit = the split depth-tile forward on few tokens, bwddim = the attn_res backward's warps x grid x constant-D sweep, bwdablate = where the
 # one-pass backward's time goes, stashtune =
 # the attn_res backward with its partial sums stashed in grad_values or in their own buffer,
 # embtune = embedding backward-kernel variants, natune = fusedops.bench.tune_neighborhood_attention,
@@ -13,7 +13,7 @@
 # block = fusedops.bench.block_attn_res (PARTS, default all four), blocktune = fusedops.bench.tune_block_attn_res
 # (BLOCKTUNE, default "multi merge"), experiment = python -m bench.experiments.$EXP,
 # grid = fusedops.bench.attn_res_grid (issue 31's attn_res shape grid, GRID_S; JSON and heatmaps into $OUT),
-# gridpar = the same grid over every GPU of the host: GRID_WARM processes a GPU (default 4) first run its shapes
+# gridpar = the same grid over every GPU of the host: GRID_WARM processes a GPU (default 6) first run its shapes
 # once untimed (compiles), beside the GPU tests on GPU 0 when STEPS also names tests (run them there, not after),
 # then one timed part a GPU (GRID_S each), merged by --summarize; the parts' JSON and logs come back as one tgz,
 # nagrid = fusedops.bench.na_grid (issue 32's neighborhood-attention grid against Flex; PART, default 1/2),
@@ -50,6 +50,9 @@ for step in ${STEPS:-tests bench}; do
     bwddim)
       timeout "${TUNE_S:-150}" python3 -m fusedops.bench.tune_attn_res bwd-dim > "$OUT/bwddim.txt" 2>&1
       echo "bwddim (exit $?):"; sed -n '/^case |/,$p' "$OUT/bwddim.txt" ;;
+    fwdsplit)
+      timeout "${TUNE_S:-150}" python3 -m fusedops.bench.tune_attn_res fwd-split > "$OUT/fwdsplit.txt" 2>&1
+      echo "fwdsplit (exit $?):"; sed -n '/^case |/,$p' "$OUT/fwdsplit.txt" ;;
     bwdablate)
       timeout "${TUNE_S:-150}" python3 -m fusedops.bench.tune_attn_res bwd-ablation > "$OUT/bwdablate.txt" 2>&1
       echo "bwdablate (exit $?):"; grep " | " "$OUT/bwdablate.txt" ;;
@@ -81,10 +84,11 @@ for step in ${STEPS:-tests bench}; do
       if grep -q "^attn_res grid summary" "$OUT/grid.txt"; then sed -n '/^attn_res grid summary/,$p' "$OUT/grid.txt"
       else grep -E " ms" "$OUT/grid.txt" | tail -n 40; fi ;;
     gridpar)
-      gpus=$(python3 -c "import torch; print(torch.cuda.device_count())"); warm=$(( gpus * ${GRID_WARM:-4} ))
+      gpus=$(python3 -c "import torch; print(torch.cuda.device_count())"); warm=$(( gpus * ${GRID_WARM:-6} ))
       parts=/tmp/gridpar; rm -rf $parts; mkdir -p $parts; started=$SECONDS
       for j in $(seq 1 $warm); do
-        CUDA_VISIBLE_DEVICES=$(( (j - 1) % gpus )) timeout "${WARM_S:-300}" python3 -m fusedops.bench.attn_res_grid \
+        # FLA_CACHE_RESULTS=0: fla's autotuner picks its configs in the timed run, alone on its GPU (its compiles stay cached)
+        FLA_CACHE_RESULTS=0 CUDA_VISIBLE_DEVICES=$(( (j - 1) % gpus )) timeout "${WARM_S:-300}" python3 -m fusedops.bench.attn_res_grid \
           --device cuda --warm --part "$j/$warm" > "$parts/warm-$j.txt" 2>&1 &
       done
       if [[ " ${STEPS} " == *" tests "* ]]; then

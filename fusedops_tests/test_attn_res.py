@@ -228,32 +228,40 @@ def test_one_pass_backward_matches_einsum(path, case):
     check_case(case, path, kernels="no-depth-tile")
 
 
-def group_rows(rows: int, tokens_per_program: int, constant_dim: bool) -> list:
+def group_rows(rows: int, tokens_per_program: int, constant_dim: bool, split_per_core: int = 0) -> list:
     """Table rows planning the depth-tile forward in groups of `rows` source rows, on every vendor."""
     params = dict(group_rows=rows, num_warps=4, tokens_per_program=tokens_per_program, programs_per_core=2,
-                  constant_dim=constant_dim)
+                  constant_dim=constant_dim, split_per_core=split_per_core)
     return [{"kernel": "fwd_depth", "vendor": vendor, "arch": "*", "when": {}, "params": params, "run": "test"}
             for vendor in ("cuda", "ascend")]
 
 
 @pytest.mark.parametrize("path", KERNEL_PATHS)
-@pytest.mark.parametrize(("rows", "tokens_per_program", "constant_dim"), [(1, 0, False), (2, 1, True), (4, 3, True)])
+@pytest.mark.parametrize(("rows", "tokens_per_program", "constant_dim", "split_per_core"),
+                         [(1, 0, False, 0), (2, 1, True, 0), (4, 3, True, 0), (2, 0, True, 6), (1, 1, False, 16)])
 @settings(max_examples=8)
 @given(case=attn_res_cases(max_n=11, max_dim=130))
-def test_forward_in_row_groups_matches_einsum(path, rows, tokens_per_program, constant_dim, case):
+def test_forward_in_row_groups_matches_einsum(path, rows, tokens_per_program, constant_dim, split_per_core, case):
     """The depth-tile forward with fewer rows a step than N (an online softmax across the groups), from a
-    table row: one or several tokens a program or a persistent grid, D constant or not."""
+    table row: one or several tokens a program or a persistent grid, D constant or not; with split_per_core,
+    few tokens split their groups over programs (segments past the last group included) and a merge folds them."""
     from fusedops.plans import candidate_rows
 
     n, batch = case[0], case[1]
     assume(n > rows)
-    with candidate_rows("attn_res", group_rows(rows, tokens_per_program, constant_dim)):
+    tokens = math.prod(batch)
+    with candidate_rows("attn_res", group_rows(rows, tokens_per_program, constant_dim, split_per_core)):
         values, query, weight, eps, _ = build_inputs(case)
         with execution_path(path):
             target = ar_op.target_for(values.device, values.dtype)
-            plan = ar_op.forward_plan(target, math.prod(batch), n, values.shape[-1], values.element_size())
+            plan = ar_op.forward_plan(target, tokens, n, values.shape[-1], values.element_size())
             out, lse = torch.ops.fusedops.attn_res_with_lse(values, query, weight, eps)
-    assert (plan.block_n, plan.tokens_per_program, plan.constant_dim) == (rows, tokens_per_program, constant_dim)
+    splits = min(-(-n // rows), target.vector_cores * split_per_core // max(tokens, 1))
+    if splits > 1:
+        assert (plan.split, plan.tokens_per_program, plan.grid) == (splits, 1, tokens * splits)
+    else:
+        assert plan.split == 0 and plan.tokens_per_program == tokens_per_program
+    assert (plan.block_n, plan.constant_dim) == (rows, constant_dim)
     ref_out, ref_lse = einsum_attn_res(values, query, weight, eps, return_lse=True)
     assert_close("out", out, ref_out, values.dtype)
     assert_close("lse", lse, ref_lse, torch.float32)
@@ -809,6 +817,7 @@ def test_cuda_forward_takes_the_depth_tile_where_measured_faster(n, dim, depth_t
         assert (plan.grid == 8192) == (tile <= 4096)
 
 
+SPLIT_PER_CORE = 4  # the table's fwd_depth split_per_core on CUDA GPUs
 H200_GROUPS = {1024: (2, 1), 2048: (4, 1), 3072: (2, 1), 4096: (2, 1), 6144: (2, 0), 7168: (2, 0), 8192: (4, 0),
                12288: (2, 0), 16384: (2, 0)}
 
@@ -834,6 +843,14 @@ def test_cuda_forward_takes_row_groups_by_width(arch, n, dim):
     assert not forward_plan(gpu, 8192, n, dim, 4).tokens_per_program
     assert not forward_plan(gpu, 8192, n, 32768, 2).block_n
     assert not forward_plan(interpreter, 8192, n, dim, 2).constant_dim
+    assert plan.split == 0
+    # few tokens split each token's groups over programs, up to SPLIT_PER_CORE programs a core (run 15)
+    for tokens in (1, 16, 100):
+        few = forward_plan(gpu, tokens, n, dim, 2)
+        splits = min(-(-n // few.block_n), 132 * SPLIT_PER_CORE // tokens)
+        assert few.split == (splits if splits > 1 else 0) and few.block_n == min(rows, n)
+        if few.split:
+            assert (few.grid, few.tokens_per_program) == (tokens * splits, 1)
 
 
 # ---- real kernels on a GPU ----
@@ -876,6 +893,31 @@ def test_gpu_one_pass_order_gives_the_same_bits(n, dim, order):
     planned = one_pass_grads(values, query, weight, grad_out, {})
     for a, b in zip(planned, one_pass_grads(values, query, weight, grad_out, order)):
         assert torch.equal(a, b)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize(("n", "tokens", "dim"), [(64, 1, 7168), (9, 8, 4096), (128, 3, 12288), (16, 100, 5120),
+                                                   (33, 64, 2048), (5, 1, 1536)])
+def test_gpu_forward_split_over_programs(n, tokens, dim):
+    """Few tokens: the table splits each token's row groups over programs and merges them; out and lse against
+    the float64 definition, bitwise equal run to run, strided tokens."""
+    from fusedops.attn_res.op import forward_plan
+
+    target = cuda_target(torch.device("cuda"))
+    torch.manual_seed(n + dim)
+    values = torch.randn(n, tokens + 1, dim, device="cuda").to(torch.bfloat16)[:, 1:]
+    values[n // 2] *= 20  # one source dominates some tokens
+    query = torch.randn(dim, device="cuda") * 0.05
+    weight = torch.rand(dim, device="cuda") + 0.5
+    plan = forward_plan(target, tokens, n, dim, 2)
+    assert plan.split > 1, plan
+    out, lse = torch.ops.fusedops.attn_res_with_lse(values, query, weight, 1e-6)
+    again = torch.ops.fusedops.attn_res_with_lse(values, query, weight, 1e-6)
+    ref_out, ref_lse = einsum_attn_res(values, query, weight, 1e-6, return_lse=True)
+    assert_close("out", out, ref_out, torch.bfloat16)
+    assert_close("lse", lse, ref_lse, torch.float32)
+    assert torch.equal(out, again[0]) and torch.equal(lse, again[1])
 
 
 @gpu

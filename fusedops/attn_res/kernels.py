@@ -163,13 +163,15 @@ def _depth_tile(N, D, STRIDE_N, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
 
 
 @triton.jit
-def _depth_tile_token(t, rows, u, out_ptr, lse_ptr, N, D, STRIDE_N, eps, d, d_mask, n, ACC: tl.constexpr,
-                      BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """attn_res_fwd_depth_tile_kernel's work for token t ([1]) whose first source row starts at `rows`."""
+def _depth_tile_softmax(rows, u, N, D, STRIDE_N, eps, d_mask, n, first, step, ACC: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """(m [1], denom [1], acc [BLOCK_D]) of the online softmax over the groups of BLOCK_N source rows that start at
+    rows first, first + step, ... (step a multiple of BLOCK_N) of the token whose row 0 is at `rows`."""
     m = tl.full([1], float("-inf"), ACC)
     denom = tl.zeros([1], ACC)
     acc = tl.zeros([BLOCK_D], ACC)
-    for n0 in range(0, N, BLOCK_N):
+    rows += tl.cast(STRIDE_N, tl.int64) * first
+    for n0 in range(first, N, step):
         in_group = n < N - n0
         x = tl.load(rows, mask=in_group[:, None] & d_mask[None, :], other=0.0).to(ACC)
         s = tl.where(in_group, _row_logit(x, u, D, eps)[0], float("-inf"))
@@ -180,7 +182,15 @@ def _depth_tile_token(t, rows, u, out_ptr, lse_ptr, N, D, STRIDE_N, eps, d, d_ma
         denom = denom * rescale + tl.sum(p, axis=0)
         acc = acc * rescale + tl.sum(p[:, None] * x, axis=0)
         m = m_new
-        rows += tl.cast(STRIDE_N, tl.int64) * BLOCK_N
+        rows += tl.cast(STRIDE_N, tl.int64) * step
+    return m, denom, acc
+
+
+@triton.jit
+def _depth_tile_token(t, rows, u, out_ptr, lse_ptr, N, D, STRIDE_N, eps, d, d_mask, n, ACC: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """attn_res_fwd_depth_tile_kernel's work for token t ([1]) whose first source row starts at `rows`."""
+    m, denom, acc = _depth_tile_softmax(rows, u, N, D, STRIDE_N, eps, d_mask, n, 0, BLOCK_N, ACC, BLOCK_N, BLOCK_D)
     tl.store(out_ptr + (t * D)[:, None] + d[None, :], (acc / denom)[None, :].to(out_ptr.dtype.element_ty),
              mask=d_mask[None, :])
     tl.store(lse_ptr + t, m + tl.log(denom))
@@ -188,16 +198,20 @@ def _depth_tile_token(t, rows, u, out_ptr, lse_ptr, N, D, STRIDE_N, eps, d, d_ma
 
 @triton.jit
 def attn_res_fwd_depth_tile_kernel(
-    v_ptr, q_ptr, w_ptr, out_ptr, lse_ptr,
-    N, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, eps,
+    v_ptr, q_ptr, w_ptr, out_ptr, lse_ptr, part_ptr,
+    N, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, eps, splits,
     HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, F64: tl.constexpr,
-    DIM: tl.constexpr = 0, TOKENS: tl.constexpr = 0,
+    DIM: tl.constexpr = 0, TOKENS: tl.constexpr = 0, SPLIT: tl.constexpr = False,
 ):
     """attn_res_fwd_kernel's out and lse with BLOCK_N source rows of one token loaded at once
     ([BLOCK_N, BLOCK_D]): every row's load of a group is in flight together. BLOCK_N >= N: one group and a
     plain softmax over depth; else an online softmax across groups of BLOCK_N rows.
     TOKENS > 0: program pid takes tokens pid * TOKENS ... + TOKENS - 1 (grid = cdiv(T, TOKENS)); 0: tokens
-    pid, pid + grid, ... DIM > 0: D as a compile-time constant (D == DIM)."""
+    pid, pid + grid, ... DIM > 0: D as a compile-time constant (D == DIM).
+    SPLIT: a token's groups are split over `splits` programs (grid = T * splits; program pid takes token
+    pid // splits and its groups pid % splits, + splits, ...), each writing its acc to part_ptr ([splits, T, D]
+    ACC) and its (m, denom) after them ([splits, T, 2]) for attn_res_fwd_merge_kernel; out and lse are not
+    written."""
     if DIM > 0:
         D = DIM
     ACC = tl.float64 if F64 else tl.float32
@@ -205,7 +219,19 @@ def attn_res_fwd_depth_tile_kernel(
     pid = tl.program_id(0)
     d, d_mask, n, _, _, src = _depth_tile(N, D, STRIDE_N, BLOCK_N, BLOCK_D)
     u = _folded_query(q_ptr, w_ptr, d, d_mask, HAS_WEIGHT, ACC)
-    if TOKENS > 0:
+    if SPLIT:
+        token = (pid // splits).to(tl.int64)
+        segment = pid % splits
+        t = token + tl.arange(0, 1).to(tl.int64)
+        rows = v_ptr + _token_rows(t, S1, S2, ST0, ST1, ST2)[:, None] + src
+        m, denom, acc = _depth_tile_softmax(rows, u, N, D, STRIDE_N, eps, d_mask, n, segment * BLOCK_N,
+                                            splits * BLOCK_N, ACC, BLOCK_N, BLOCK_D)
+        at = segment * T + token
+        tl.store(part_ptr + at * D + d, acc, mask=d_mask)
+        stats = part_ptr + tl.cast(splits, tl.int64) * T * D + at * 2 + tl.arange(0, 1)
+        tl.store(stats, m)
+        tl.store(stats + 1, denom)
+    elif TOKENS > 0:
         for i in tl.static_range(TOKENS):
             token = pid.to(tl.int64) * TOKENS + i
             if token < T:
@@ -219,6 +245,38 @@ def attn_res_fwd_depth_tile_kernel(
             rows = v_ptr + _token_rows(t, S1, S2, ST0, ST1, ST2)[:, None] + src
             _depth_tile_token(t, rows, u, out_ptr, lse_ptr, N, D, STRIDE_N, eps, d, d_mask, n, ACC, BLOCK_N,
                               BLOCK_D)
+
+
+@triton.jit
+def attn_res_fwd_merge_kernel(part_ptr, out_ptr, lse_ptr, T, D, splits, BLOCK_D: tl.constexpr, F64: tl.constexpr):
+    """out and lse from the `splits` partial softmaxes of attn_res_fwd_depth_tile_kernel's SPLIT programs
+    (part_ptr: their acc [splits, T, D], then their (m, denom) [splits, T, 2]), folded in segment order as the
+    online softmax folds groups. Grid (T, cdiv(D, BLOCK_D))."""
+    ACC = tl.float64 if F64 else tl.float32
+    token = tl.program_id(0).to(tl.int64)
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    d_mask = d < D
+    m = tl.full([1], float("-inf"), ACC)
+    denom = tl.zeros([1], ACC)
+    acc = tl.zeros([BLOCK_D], ACC)
+    part = part_ptr + token * D
+    stats = part_ptr + tl.cast(splits, tl.int64) * T * D + token * 2 + tl.arange(0, 1)
+    for _ in range(splits):
+        m_s = tl.load(stats)
+        denom_s = tl.load(stats + 1)
+        acc_s = tl.load(part + d, mask=d_mask, other=0.0)
+        m_new = tl.maximum(m, m_s)
+        ref = _finite_or_zero(m_new)
+        rescale = tl.exp(m - ref)
+        weight = tl.exp(m_s - ref)
+        denom = denom * rescale + denom_s * weight
+        acc = acc * rescale + acc_s * weight
+        m = m_new
+        part += tl.cast(T, tl.int64) * D
+        stats += tl.cast(T, tl.int64) * 2
+    tl.store(out_ptr + token * D + d, (acc / denom).to(out_ptr.dtype.element_ty), mask=d_mask)
+    if tl.program_id(1) == 0:
+        tl.store(lse_ptr + token + tl.arange(0, 1), m + tl.log(denom))
 
 
 @triton.jit

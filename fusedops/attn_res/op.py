@@ -31,10 +31,11 @@ from .kernels import (
     attn_res_bwd_onepass_kernel,
     attn_res_fwd_depth_tile_kernel,
     attn_res_fwd_kernel,
+    attn_res_fwd_merge_kernel,
     attn_res_param_grad_kernel,
     waiting_slots_elements,
 )
-from .plan import OP, Plan, depth_tile_plan, make_plan, reduce_plan, stash_rows
+from .plan import OP, SPLIT_MERGE_BLOCK_D, Plan, depth_tile_plan, make_plan, reduce_plan, stash_rows
 
 
 def check_args(values: Tensor, query: Tensor, norm_weight: Optional[Tensor], eps: float) -> None:
@@ -106,11 +107,19 @@ def _forward(
     if plan.block_n:
         # tokens_per_program > 0: the grid follows from it, so a forced value cannot leave tokens out
         grid = -(-tokens // plan.tokens_per_program) if plan.tokens_per_program else plan.grid
-        launch(attn_res_fwd_depth_tile_kernel, (grid,),
-               dict(v_ptr=values, q_ptr=query, w_ptr=weight, out_ptr=out, lse_ptr=lse, **walk),
+        splits = plan.split if plan.split > 1 else 1
+        part = values.new_empty((splits * tokens * (dim + 2),), dtype=lse.dtype) if splits > 1 else lse
+        launch(attn_res_fwd_depth_tile_kernel, (tokens * splits if splits > 1 else grid,),
+               dict(v_ptr=values, q_ptr=query, w_ptr=weight, out_ptr=out, lse_ptr=lse, part_ptr=part, splits=splits,
+                    **walk),
                dict(HAS_WEIGHT=norm_weight is not None, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d, F64=f64,
                     TOKENS=plan.tokens_per_program, DIM=dim if plan.constant_dim and isinstance(dim, int) else 0,
-                    num_warps=plan.num_warps))
+                    SPLIT=splits > 1, num_warps=plan.num_warps))
+        if splits > 1:
+            block = min(SPLIT_MERGE_BLOCK_D, plan.block_d)
+            launch(attn_res_fwd_merge_kernel, (tokens, -(-dim // block)),
+                   dict(part_ptr=part, out_ptr=out, lse_ptr=lse, T=tokens, D=dim, splits=splits),
+                   dict(BLOCK_D=block, F64=f64, num_warps=4))
         return out, lse
     logits = out if plan.one_tile else values.new_empty((n, tokens), dtype=lse.dtype)
     launch(

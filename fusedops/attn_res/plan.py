@@ -59,6 +59,7 @@ class Plan:
     constant_dim: bool = False  # depth-tile forward, one-pass backward: D a compile-time constant (one compile per D)
     prefetch: bool = False  # one-pass backward: each depth step's rows are loaded one step ahead
     fused_sums: bool = False  # one-pass backward: a row's three sums in one reduction
+    split: int = 0  # depth-tile forward: > 1 splits each token's row groups over this many programs (then a merge)
 
 
 @memoize
@@ -160,11 +161,19 @@ def _grouped_forward_plan(target: Target, tokens: int, sources: int, block_d: in
                           row: dict) -> Plan | None:
     """The depth-tile forward in groups of row["group_rows"] source rows a step (fewer where N is smaller), on
     row["num_warps"]; one program per row["tokens_per_program"] tokens, or (0) row["programs_per_core"]
-    persistent programs per core; None when a group does not fit on chip. Where the rows came from:
-    bench/NOTES.md, attn_res run 12."""
+    persistent programs per core; None when a group does not fit on chip. Where the tokens are too few to give
+    every core row["split_per_core"] programs, each token's groups are split over up to that many programs
+    a core (`split`; a merge launch folds them). Where the rows came from: bench/NOTES.md, attn_res run 12
+    (split: run 15)."""
     block_n = min(row["group_rows"], next_pow2(sources))
     if block_n * block_d * per_element > target.onchip_bytes:
         return None
+    splits = 0
+    if row.get("split_per_core") and isinstance(tokens, int) and tokens > 0:
+        splits = min(-(-sources // block_n), target.vector_cores * row["split_per_core"] // tokens)
+    if splits > 1:
+        return Plan(block_t=1, block_d=block_d, one_tile=True, grid=tokens * splits, num_warps=row["num_warps"],
+                    block_n=block_n, tokens_per_program=1, constant_dim=row["constant_dim"], split=splits)
     per_program = row["tokens_per_program"]
     if per_program and isinstance(tokens, int) and -(-tokens // per_program) > target.max_grid:
         per_program = 0  # Ascend's grid cap: a persistent grid instead
@@ -174,6 +183,9 @@ def _grouped_forward_plan(target: Target, tokens: int, sources: int, block_d: in
         grid = torch.sym_min(tokens, target.vector_cores * row["programs_per_core"])
     return Plan(block_t=1, block_d=block_d, one_tile=True, grid=grid, num_warps=row["num_warps"], block_n=block_n,
                 tokens_per_program=per_program, constant_dim=row["constant_dim"])
+
+
+SPLIT_MERGE_BLOCK_D = 1024  # features per program of attn_res_fwd_merge_kernel (a few KB per token: latency-bound)
 
 
 # The partial-sum reduction is latency-bound (a few MB, just written, in L2): on CUDA, narrow feature

@@ -7,6 +7,8 @@ Usage: python -m fusedops.bench.tune_attn_res   (TUNE_FORWARD=0 / TUNE_BACKWARD=
        python -m fusedops.bench.tune_attn_res depth   (the depth-tile backward's configs against the one-pass and
                                                        two-phase plans, every (N, D) whose tile fits 32K elements)
        python -m fusedops.bench.tune_attn_res depth-fwd   (the depth tile forward in row groups against the planner)
+       python -m fusedops.bench.tune_attn_res fwd-split   (the depth tile forward with each token's groups split over
+                                                         programs, on few-token shapes: programs a core x rows)
        python -m fusedops.bench.tune_attn_res stash   (the whole backward with the partial sums stashed in grad_values
                                                        against their own buffer: time and peak memory)
        python -m fusedops.bench.tune_attn_res bwd-dim   (the whole backward on the forward sweep's shapes: warps x
@@ -54,6 +56,11 @@ GROUPED_FWD_CONFIGS = [(r, w, p) for r, w in ((1, 4), (2, 4), (4, 4), (2, 8), (4
 GROUPED_FWD_CASES = [(9, 32768, 3072), (24, 2048, 6144), (9, 8192, 3584), (16, 512, 5120), (8, 8192, 7168),
                      (32, 8192, 7168), (12, 8192, 2304), (9, 8192, 1536), (6, 32768, 1024), (8, 32768, 2048),
                      (12, 32768, 4096), (3, 8192, 8192), (64, 2048, 8192), (4, 8192, 16384), (4, 32768, 12288)]
+# The split forward's sweep: (rows per step, programs a core the split aims at; 0: no split) on few-token shapes.
+SPLIT_FWD_CONFIGS = [(r, k) for r in (2, 4) for k in (0, 2, 4, 8, 16)]
+SPLIT_FWD_CASES = [(64, 1, 7168), (9, 1, 7168), (128, 1, 12288), (16, 1, 2304), (64, 8, 6144), (9, 8, 7168),
+                   (64, 64, 5120), (128, 64, 7168), (9, 64, 7168), (32, 128, 4096), (12, 256, 3072),
+                   (64, 512, 4096), (16, 512, 5120), (6, 512, 16384), (8, 2048, 1536), (24, 2048, 6144)]
 # The one-pass backward's ablation: each variant turns one part of the kernel off (launch options over the plan's).
 BWD_ABLATIONS = [("planned", {}), ("no waiting rows (DEFER off)", {"DEFER": False}),
                  ("rows loaded in their step (PREFETCH off)", {"PREFETCH": False}),
@@ -71,7 +78,8 @@ def main() -> None:
     # Outside a triton_op body wrap_triton dispatches through a higher-order op (~1 ms of host time per
     # launch); the op itself launches directly, and so must the sweep.
     with set_wrap_triton_enabled(False):
-        sweeps = {"depth": sweep_depth_tile, "depth-fwd": sweep_depth_tile_forward, "stash": sweep_stash,
+        sweeps = {"depth": sweep_depth_tile, "depth-fwd": sweep_depth_tile_forward, "fwd-split": sweep_forward_split,
+                  "stash": sweep_stash,
                   "bwd-dim": sweep_backward_dim, "bwd-ablation": sweep_backward_ablation}
         sweeps.get(" ".join(sys.argv[1:]), sweep)()
 
@@ -186,6 +194,42 @@ def sweep_depth_tile_forward() -> None:
         pct = lambda ms: 100 * nb / ms / 1e9 / ceiling  # noqa: E731
         print(f"{case} | {t_plan:.4f} ({pct(t_plan):.1f}%) | {t_fla:.4f} ({pct(t_fla):.1f}%) | {t_best:.4f} ({cfg}, "
               f"{pct(t_best):.1f}%) | {t_plan / t_best:.2f}x")
+
+
+def sweep_forward_split() -> None:
+    """Forward alone on few-token shapes (TUNE_CASES replaces SPLIT_FWD_CASES), bf16 values, CUDA-graph replays:
+    the planner's plan, then the planned depth tile with SPLIT_FWD_CONFIGS' rows a step and each token's groups
+    split over programs until every SM has k of them (the planner's rule for a row's split_per_core = k), fla-core
+    beside. Prints each config's bits-agnostic error against the planned forward and a table of the best."""
+    dev, target, ceiling = _cuda_setup()
+    table = []
+    for n, tokens, dim in (_wide_cases() if os.environ.get("TUNE_CASES") else SPLIT_FWD_CASES):
+        v, q, w = _wide_inputs(n, tokens, dim, dev)
+        nbytes, case = (n + 1) * tokens * dim * 2, f"N{n} T{tokens} D{dim}"
+        ref = _forward(v, q, w, 1e-6, target)
+        planned = _replay_ms(lambda: _forward(v, q, w, 1e-6, target))
+        base = forward_plan(target, tokens, n, dim, 2)
+        fla = _fla_ms(v, q, w)
+        best = (float("inf"), "")
+        for block_n, per_core in SPLIT_FWD_CONFIGS if base.block_n else []:
+            if block_n > next_pow2(n) or block_n * base.block_d > base.num_warps * 32 * 128:
+                continue
+            splits = min(-(-n // block_n), target.vector_cores * per_core // tokens)
+            plan = dataclasses.replace(base, block_n=block_n, split=splits if splits > 1 else 0,
+                                       tokens_per_program=1 if splits > 1 else base.tokens_per_program)
+            got = _fwd(plan, v, q, w, target)
+            err = max(((a.float() - b.float()).norm() / b.float().norm()).item() for a, b in zip(got, ref))
+            ms = _replay_ms(lambda: _fwd(plan, v, q, w, target))
+            label = f"rows {block_n} split {splits if splits > 1 else '-'} (k {per_core})"
+            print(f"{case} {label}: {1e3 * ms:.1f} us err {err:.1e}", flush=True)
+            best = min(best, (ms, label))
+        table.append((case, planned, fla, *best, base))
+        del v
+        torch.cuda.empty_cache()
+    print("\ncase | planned us | fla us | best us (config) | planned/best | fla/best | plan")
+    for case, t_plan, t_fla, t_best, cfg, base in table:
+        print(f"{case} | {1e3 * t_plan:.1f} | {1e3 * t_fla:.1f} | {1e3 * t_best:.1f} ({cfg}) | {t_plan / t_best:.2f} | "
+              f"{t_fla / t_best:.2f} | rows {base.block_n} w{base.num_warps} split {base.split}")
 
 
 def sweep_backward_dim() -> None:
