@@ -200,7 +200,7 @@ def sweep_forward_split() -> None:
     """Forward alone on few-token shapes (TUNE_CASES replaces SPLIT_FWD_CASES), bf16 values, CUDA-graph replays:
     the planner's plan, then the planned depth tile with SPLIT_FWD_CONFIGS' rows a step and each token's groups
     split over programs until every SM has k of them (the planner's rule for a row's split_per_core = k), fla-core
-    beside. Prints each config's bits-agnostic error against the planned forward and a table of the best."""
+    beside (TUNE_FLA=0: not timed). Prints each config's bits-agnostic error against the planned forward and a table of the best."""
     dev, target, ceiling = _cuda_setup()
     table = []
     for n, tokens, dim in (_wide_cases() if os.environ.get("TUNE_CASES") else SPLIT_FWD_CASES):
@@ -209,7 +209,7 @@ def sweep_forward_split() -> None:
         ref = _forward(v, q, w, 1e-6, target)
         planned = _replay_ms(lambda: _forward(v, q, w, 1e-6, target))
         base = forward_plan(target, tokens, n, dim, 2)
-        fla = _fla_ms(v, q, w)
+        fla = _fla_ms(v, q, w) if os.environ.get("TUNE_FLA", "1") == "1" else float("nan")
         best = (float("inf"), "")
         for block_n, per_core in SPLIT_FWD_CONFIGS if base.block_n else []:
             if block_n > next_pow2(n) or block_n * base.block_d > base.num_warps * 32 * 128:
@@ -474,7 +474,7 @@ def _force(kind: str, plan: Plan):
                "two_phase" if kind == "backward" else "online")
     names = ("block_t", "block_d", "grid", "num_warps", "unroll", "num_stages", "block_n", "constant_dim")
     if kind == "forward":
-        names += ("tokens_per_program",)
+        names += ("tokens_per_program", "split")
     fields = {k: getattr(plan, k) for k in names}
     return fusedops.plan_override("attn_res", kind, variant=variant, **fields)
 
