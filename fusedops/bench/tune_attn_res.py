@@ -56,11 +56,14 @@ GROUPED_FWD_CONFIGS = [(r, w, p) for r, w in ((1, 4), (2, 4), (4, 4), (2, 8), (4
 GROUPED_FWD_CASES = [(9, 32768, 3072), (24, 2048, 6144), (9, 8192, 3584), (16, 512, 5120), (8, 8192, 7168),
                      (32, 8192, 7168), (12, 8192, 2304), (9, 8192, 1536), (6, 32768, 1024), (8, 32768, 2048),
                      (12, 32768, 4096), (3, 8192, 8192), (64, 2048, 8192), (4, 8192, 16384), (4, 32768, 12288)]
-# The split forward's sweep: (rows per step, programs a core the split aims at; 0: no split) on few-token shapes.
-SPLIT_FWD_CONFIGS = [(r, k) for r in (2, 4) for k in (0, 2, 4, 8, 16)]
+# The split forward's sweep: (rows per step, warps, programs a core the split aims at; 0: no split) on few-token
+# shapes (at most 128 fp32 row elements a thread).
+SPLIT_FWD_CONFIGS = [(r, w, k) for r in (2, 4, 8) for w in (4, 8) for k in (0, 2, 4)]
 SPLIT_FWD_CASES = [(64, 1, 7168), (9, 1, 7168), (128, 1, 12288), (16, 1, 2304), (64, 8, 6144), (9, 8, 7168),
                    (64, 64, 5120), (128, 64, 7168), (9, 64, 7168), (32, 128, 4096), (12, 256, 3072),
-                   (64, 512, 4096), (16, 512, 5120), (6, 512, 16384), (8, 2048, 1536), (24, 2048, 6144)]
+                   (64, 512, 4096), (16, 512, 5120), (6, 512, 16384), (8, 2048, 1536), (24, 2048, 6144),
+                   (12, 128, 2048), (32, 256, 5120), (12, 512, 3072), (32, 1024, 4096), (16, 1024, 7168),
+                   (12, 2048, 4096), (32, 512, 7168), (9, 4096, 7168)]
 # The one-pass backward's ablation: each variant turns one part of the kernel off (launch options over the plan's).
 BWD_ABLATIONS = [("planned", {}), ("no waiting rows (DEFER off)", {"DEFER": False}),
                  ("rows loaded in their step (PREFETCH off)", {"PREFETCH": False}),
@@ -198,8 +201,8 @@ def sweep_depth_tile_forward() -> None:
 
 def sweep_forward_split() -> None:
     """Forward alone on few-token shapes (TUNE_CASES replaces SPLIT_FWD_CASES), bf16 values, CUDA-graph replays:
-    the planner's plan, then the planned depth tile with SPLIT_FWD_CONFIGS' rows a step and each token's groups
-    split over programs until every SM has k of them (the planner's rule for a row's split_per_core = k), fla-core
+    the planner's plan, then the planned depth tile with SPLIT_FWD_CONFIGS' rows a step, warps, and each token's
+    groups split over programs until every SM has k of them (the planner's rule for a row's split_per_core = k), fla-core
     beside (TUNE_FLA=0: not timed). Prints each config's bits-agnostic error against the planned forward and a table of the best."""
     dev, target, ceiling = _cuda_setup()
     table = []
@@ -211,16 +214,16 @@ def sweep_forward_split() -> None:
         base = forward_plan(target, tokens, n, dim, 2)
         fla = _fla_ms(v, q, w) if os.environ.get("TUNE_FLA", "1") == "1" else float("nan")
         best = (float("inf"), "")
-        for block_n, per_core in SPLIT_FWD_CONFIGS if base.block_n else []:
-            if block_n > next_pow2(n) or block_n * base.block_d > base.num_warps * 32 * 128:
+        for block_n, warps, per_core in SPLIT_FWD_CONFIGS if base.block_n else []:
+            if block_n > next_pow2(n) or block_n * base.block_d > warps * 32 * 128:
                 continue
             splits = min(-(-n // block_n), target.vector_cores * per_core // tokens)
-            plan = dataclasses.replace(base, block_n=block_n, split=splits if splits > 1 else 0,
+            plan = dataclasses.replace(base, block_n=block_n, num_warps=warps, split=splits if splits > 1 else 0,
                                        tokens_per_program=1 if splits > 1 else base.tokens_per_program)
             got = _fwd(plan, v, q, w, target)
             err = max(((a.float() - b.float()).norm() / b.float().norm()).item() for a, b in zip(got, ref))
             ms = _replay_ms(lambda: _fwd(plan, v, q, w, target))
-            label = f"rows {block_n} split {splits if splits > 1 else '-'} (k {per_core})"
+            label = f"rows {block_n} w{warps} split {splits if splits > 1 else '-'} (k {per_core})"
             print(f"{case} {label}: {1e3 * ms:.1f} us err {err:.1e}", flush=True)
             best = min(best, (ms, label))
         table.append((case, planned, fla, *best, base))
