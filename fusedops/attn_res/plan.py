@@ -163,15 +163,16 @@ def _grouped_forward_plan(target: Target, tokens: int, sources: int, block_d: in
     row["num_warps"]; one program per row["tokens_per_program"] tokens, or (0) row["programs_per_core"]
     persistent programs per core; None when a group does not fit on chip. Where the tokens are too few to give
     every core row["split_per_core"] programs, each token's groups are split over up to that many programs
-    a core (`split`; a merge launch folds them). Where the rows came from: bench/NOTES.md, attn_res run 12
+    a core (`split`; a merge launch folds them), where that shortens a token's chain of groups by at least
+    row["split_min_saved"] (the merge costs about that much). Where the rows came from: bench/NOTES.md, attn_res run 12
     (split: run 15)."""
     block_n = min(row["group_rows"], next_pow2(sources))
     if block_n * block_d * per_element > target.onchip_bytes:
         return None
-    splits = 0
+    splits, groups = 0, -(-sources // block_n)
     if row.get("split_per_core") and isinstance(tokens, int) and tokens > 0:
-        splits = min(-(-sources // block_n), target.vector_cores * row["split_per_core"] // tokens)
-    if splits > 1:
+        splits = min(groups, target.vector_cores * row["split_per_core"] // tokens)
+    if splits > 1 and groups - -(-groups // splits) >= row.get("split_min_saved", 0):
         return Plan(block_t=1, block_d=block_d, one_tile=True, grid=tokens * splits, num_warps=row["num_warps"],
                     block_n=block_n, tokens_per_program=1, constant_dim=row["constant_dim"], split=splits)
     per_program = row["tokens_per_program"]
