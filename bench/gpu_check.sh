@@ -13,9 +13,10 @@
 # block = fusedops.bench.block_attn_res (PARTS, default all four), blocktune = fusedops.bench.tune_block_attn_res
 # (BLOCKTUNE, default "multi merge"), experiment = python -m bench.experiments.$EXP,
 # grid = fusedops.bench.attn_res_grid (issue 31's attn_res shape grid, GRID_S; JSON and heatmaps into $OUT),
-# gridpar = the same grid over every GPU of the host: GRID_WARM processes a GPU (default 6) first run its shapes
-# once untimed (compiles), beside the GPU tests on GPU 0 when STEPS also names tests (run them there, not after),
-# then one timed part a GPU (GRID_S each), merged by --summarize; the parts' JSON and logs come back as one tgz,
+# gridpar = the same grid over every GPU of the host: GRID_WARM processes a GPU (default 6) first run its part's
+# shapes once untimed (compiles), beside the GPU tests on GPU 0 when STEPS also names tests (run them there, not
+# after), then one timed part a GPU (GRID_S each; GRID_PARTS, GRID_FIRST: which parts), merged by --summarize;
+# the parts' JSON and logs come back as one tgz,
 # nagrid = fusedops.bench.na_grid (issue 32's neighborhood-attention grid against Flex; PART, default 1/2),
 # tests = the GPU tests (TEST_K: a pytest -k expression), aoti = the AOTInductor package test (3.5-5 min of compiling), lm = the example model,
 # bench = python -m fusedops.bench.
@@ -84,26 +85,31 @@ for step in ${STEPS:-tests bench}; do
       if grep -q "^attn_res grid summary" "$OUT/grid.txt"; then sed -n '/^attn_res grid summary/,$p' "$OUT/grid.txt"
       else grep -E " ms" "$OUT/grid.txt" | tail -n 40; fi ;;
     gridpar)
-      gpus=$(python3 -c "import torch; print(torch.cuda.device_count())"); warm=$(( gpus * ${GRID_WARM:-6} ))
+      # GRID_PARTS (default: the GPU count) parts of the grid, this call timing parts GRID_FIRST.. (one a GPU), so
+      # that two calls of a 4-GPU host cover 8 parts; warm-up: GRID_WARM processes a GPU over its part's shapes
+      gpus=$(python3 -c "import torch; print(torch.cuda.device_count())"); per=${GRID_WARM:-6}
+      nparts=${GRID_PARTS:-$gpus}; first=${GRID_FIRST:-1}; last=$(( first + gpus - 1 < nparts ? first + gpus - 1 : nparts ))
       parts=/tmp/gridpar; rm -rf $parts; mkdir -p $parts; started=$SECONDS
-      for j in $(seq 1 $warm); do
-        # FLA_CACHE_RESULTS=0: fla's autotuner picks its configs in the timed run, alone on its GPU (its compiles stay cached)
-        FLA_CACHE_RESULTS=0 CUDA_VISIBLE_DEVICES=$(( (j - 1) % gpus )) timeout "${WARM_S:-300}" python3 -m fusedops.bench.attn_res_grid \
-          --device cuda --warm --part "$j/$warm" > "$parts/warm-$j.txt" 2>&1 &
+      for p in $(seq $first $last); do
+        for j in $(seq 1 $per); do
+          # FLA_CACHE_RESULTS=0: fla's autotuner picks its configs in the timed run, alone on its GPU (compiles stay cached)
+          FLA_CACHE_RESULTS=0 CUDA_VISIBLE_DEVICES=$(( p - first )) timeout "${WARM_S:-300}" python3 -m fusedops.bench.attn_res_grid \
+            --device cuda --warm --part "$p/$nparts" --sub "$j/$per" > "$parts/warm-$p-$j.txt" 2>&1 &
+        done
       done
       if [[ " ${STEPS} " == *" tests "* ]]; then
         CUDA_VISIBLE_DEVICES=0 STEPS=tests bash bench/gpu_check.sh
       fi
-      wait; echo "gridpar: warm-up of $warm processes on $gpus GPUs took $(( SECONDS - started )) s;" \
+      wait; echo "gridpar: warm-up of parts $first-$last of $nparts ($per processes a GPU) took $(( SECONDS - started )) s;" \
         "$(cat $parts/warm-*.txt | grep -c ': ok$') shape-warm-ups ok, not ok: $(grep -h 'warm ' $parts/warm-*.txt | grep -v ': ok$' | tr '\n' ' ')"
-      for i in $(seq 1 $gpus); do
-        CUDA_VISIBLE_DEVICES=$(( i - 1 )) timeout "${GRID_S:-420}" python3 -m fusedops.bench.attn_res_grid --device cuda \
-          --part "$i/$gpus" --out $parts --no-plots --max-seconds $(( ${GRID_S:-420} - 40 )) > "$parts/grid-$i.txt" 2>&1 &
+      for p in $(seq $first $last); do
+        CUDA_VISIBLE_DEVICES=$(( p - first )) timeout "${GRID_S:-420}" python3 -m fusedops.bench.attn_res_grid --device cuda \
+          --part "$p/$nparts" --out $parts --no-plots --max-seconds $(( ${GRID_S:-420} - 40 )) > "$parts/grid-$p.txt" 2>&1 &
       done
       wait; echo "gridpar: timed parts done at $(( SECONDS - started )) s"
       python3 -m fusedops.bench.attn_res_grid --summarize $parts/attn_res_grid-cuda-*-part*.json --out "$OUT" \
         > "$OUT/grid.txt" 2>&1
-      for i in $(seq 1 $gpus); do sed -n '/^attn_res grid summary/,$p' "$parts/grid-$i.txt" >> "$OUT/grid.txt"; done
+      for p in $(seq $first $last); do sed -n '/^attn_res grid summary/,$p' "$parts/grid-$p.txt" >> "$OUT/grid.txt"; done
       tar -czf "$OUT/grid-parts.tgz" -C $parts . ; cat "$OUT/grid.txt" | head -n 40 ;;
     nagrid)
       timeout "${NAGRID_S:-560}" python3 -m fusedops.bench.na_grid --part "${PART:-1/2}" --out "$OUT/na_grid.json" \

@@ -87,10 +87,11 @@ def run_ops(target: Target = H100) -> None:
     bf16, f32, f64 = torch.bfloat16, torch.float32, torch.float64
     # attn_res: one tile with two rows in flight, the tiled-D path (D = 16384), fp32; every backward
     # (two-phase without the forward's statistics, one pass with them, a gradient of lse or not; the
-    # depth tile where a token's N rows fit, which takes both calls); float64 through each kind of kernel
+    # depth tile where a token's N rows fit, which takes both calls); float64 through each kind of kernel; the
+    # forward split over programs and merged (64 sources, 16 tokens)
     for n, dim, dtype in ((8, 4096, bf16), (8, 8192, bf16), (3, 16384, bf16), (64, 300, f32), (4, 4096, bf16),
                           (4, 7168, bf16), (2, 16384, bf16), (5, 300, f32), (64, 300, f64), (5, 300, f64),
-                          (3, 16384, f64)):
+                          (3, 16384, f64), (64, 7168, bf16)):
         values = torch.randn(n, 2, 8, dim, dtype=dtype)
         query, weight = torch.randn(dim), torch.rand(dim)
         out, lse = attn_res._forward(values, query, weight, 1e-6, target)

@@ -285,7 +285,8 @@ def test_attn_res_grid_covers_every_axis_and_runs_quick_on_cpu(tmp_path, monkeyp
     assert "selects no shape on cpu" in capsys.readouterr().err
 
     # --warm times and writes nothing; --summarize merges parts' rows into one JSON beside its summary
-    assert grid.main(["--quick", "--device", "cpu", "--warm", "--part", "1/2", "--out", str(tmp_path / "w")]) == 0
+    warm = ["--quick", "--device", "cpu", "--warm", "--part", "1/2", "--sub", "1/2", "--out", str(tmp_path / "w")]
+    assert grid.main(warm) == 0
     assert "warm " in capsys.readouterr().err and not (tmp_path / "w").exists()
     assert grid.main(["--summarize", str(path), str(path), "--out", str(tmp_path / "m"), "--no-plots"]) == 0
     merged = json.loads((tmp_path / "m" / "attn_res_grid-cpu-merged.json").read_text())

@@ -31,9 +31,10 @@ a summary per provider and mode (worst, median, target). --max-seconds: start no
 seconds, and summarise what was measured. The whole grid takes ~40 s a shape on a fresh H200 (compiles and
 fla's autotuning included): split it over device calls with --part I/K and summarise the parts' JSON files
 together with --summarize. --warm runs each shape's steps once and times nothing: several such processes
-over --part's of the grid fill Triton's on-disk cache (and fla's compiles) in parallel before the timed runs
-(bench/gpu_check.sh STEPS=gridpar: one timed part per GPU after the warm-up). On a CPU a few tiny shapes of the grid run the PyTorch reference path:
-a smoke test, the timings indicative only. bench/gpu_check.sh runs it as STEPS=grid.
+(--sub J/W of a part) fill Triton's on-disk cache (and fla's compiles) in parallel before the timed runs
+(bench/gpu_check.sh STEPS=gridpar: one timed part per GPU after the warm-up; on a 4-GPU H200 host a timed part
+of 18 shapes takes ~5 min with fla's autotuning). On a CPU a few tiny shapes of the grid run the PyTorch
+reference path: a smoke test, the timings indicative only. bench/gpu_check.sh runs it as STEPS=grid.
 """
 
 from __future__ import annotations
@@ -326,6 +327,8 @@ def main(argv=None) -> int:
                    help="start no new shape after this many seconds; summarise what was measured")
     p.add_argument("--part", default=None, metavar="I/K",
                    help="every K-th shape from the I-th (1-based): the grid split over K runs (e.g. device calls)")
+    p.add_argument("--sub", default=None, metavar="J/W",
+                   help="of the shapes --part selects, every W-th from the J-th (1-based): --warm over W processes")
     p.add_argument("--summarize", nargs="+", default=None, metavar="JSON",
                    help="measure nothing: the summary and heatmaps of these runs' JSON files together, and their "
                         "rows in one JSON file in --out")
@@ -351,6 +354,11 @@ def main(argv=None) -> int:
         if not 1 <= i <= k:
             p.error(f"--part {args.part}: want I/K with 1 <= I <= K")
         shapes = shapes[i - 1::k]
+    if args.sub:
+        j, w = (int(x) for x in args.sub.split("/"))
+        if not 1 <= j <= w:
+            p.error(f"--sub {args.sub}: want J/W with 1 <= J <= W")
+        shapes = shapes[j - 1::w]
     if not shapes:
         print(f"{PROG}: --sizes {' '.join(args.sizes or [])} selects no shape on {device.type}; its shapes: "
               + " ".join(case_name(s) for s in full), file=sys.stderr)

@@ -202,8 +202,9 @@ def sweep_depth_tile_forward() -> None:
 def sweep_forward_split() -> None:
     """Forward alone on few-token shapes (TUNE_CASES replaces SPLIT_FWD_CASES), bf16 values, CUDA-graph replays:
     the planner's plan, then the planned depth tile with SPLIT_FWD_CONFIGS' rows a step, warps, and each token's
-    groups split over programs until every SM has k of them (the planner's rule for a row's split_per_core = k), fla-core
-    beside (TUNE_FLA=0: not timed). Prints each config's bits-agnostic error against the planned forward and a table of the best."""
+    groups split over programs until every SM has k of them (the planner's rule for a row's split_per_core = k),
+    fla-core beside (TUNE_FLA=0: not timed). Prints each config's relative error against the planned forward,
+    then a table of the best."""
     dev, target, ceiling = _cuda_setup()
     table = []
     for n, tokens, dim in (_wide_cases() if os.environ.get("TUNE_CASES") else SPLIT_FWD_CASES):
