@@ -683,6 +683,26 @@ def test_attn_res_non_finite_inputs_match_the_reference(path, onchip_bytes, kind
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5, equal_nan=True)
 
 
+@NON_FINITE_ARITHMETIC
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+@pytest.mark.parametrize("kind", ["logits", "norm_weight", "nan_value", "inf_value"])
+def test_attn_res_split_forward_non_finite_matches_the_reference(path, kind):
+    """The forward split over programs (a source row each, one segment left empty) and merged gives the
+    reference's out and lse: -inf, +inf and NaN logits, NaN and inf values."""
+    if kind in ("logits", "norm_weight"):
+        values, query, weight = _ar_extreme(kind)
+    else:
+        values, query, weight = _ar_extreme("none")
+        values[1, 2, 3] = math.nan if kind == "nan_value" else math.inf
+    with execution_path(path), fusedops.plan_override("attn_res", "forward", variant="depth_tile", block_n=1,
+                                                      split=4):
+        out, lse = torch.ops.fusedops.attn_res_with_lse(values, query, weight, 1e-6)
+    with execution_path("reference"):
+        ref = torch.ops.fusedops.attn_res_with_lse(values, query, weight, 1e-6)
+    for got, want in zip((out, lse), ref, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
 # ---- float64: every op computes in float64, and gradcheck runs on every path ---------------------------------
 
 F64 = torch.float64
