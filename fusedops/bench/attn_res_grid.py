@@ -129,6 +129,16 @@ def replay(ctx: Context, shape, name: str, mode: str, fn, fns: dict, inputs) -> 
     return {"replay_us": 1e3 * g["ms"]} if g.get("ms") is not None else {"replay_error": g["error"]}
 
 
+def fla_configs() -> dict:
+    """{"fla_configs": {kernel: its autotuned config}} of fla-core's attnres kernels' last call, or {}."""
+    try:
+        from fla.ops.attnres import fused
+    except Exception:  # noqa: BLE001 - not installed
+        return {}
+    kernels = ("attnres_fwd_kernel", "attnres_bwd_kernel_dv", "attnres_bwd_kernel_dqdw")
+    return {"fla_configs": {k: str(getattr(getattr(fused, k, None), "best_config", None)) for k in kernels}}
+
+
 def run_shape(ctx: Context, shape, elem: int) -> list[dict]:
     """Every provider's rows of one shape, fwd and fwd+bwd, with their kind, replay and ratio."""
     n, tokens, d = shape
@@ -157,6 +167,8 @@ def run_shape(ctx: Context, shape, elem: int) -> list[dict]:
                     r["pct_ceiling"] = 100 * nbytes[mode] / (r["replay_us"] * 1e-6) / (ctx.ceiling_tbps * 1e12)
                 elif not graphs:
                     r["pct_ceiling"] = eager_pct
+            if name == "fla" and mode == "fwd+bwd":  # every fla kernel has run on this shape by now
+                r.update(fla_configs())
             rows.append(r)
         del fns
     del values, query, norm_weight, inputs
