@@ -629,6 +629,15 @@ def test_compile_fullgraph_matches_eager(path):
     assert_compiles_like_eager(path, TinyDepthModel(), torch.randn(2, 5, 16))
 
 
+@pytest.mark.parametrize("path", KERNEL_PATHS[:1])
+def test_compile_fullgraph_of_the_split_forward_matches_eager(path):
+    """The forward split over programs and its merge (a scratch buffer allocated inside the op) in a fullgraph
+    compile: eager's outputs and gradients."""
+    torch.manual_seed(5)
+    with fusedops.plan_override("attn_res", "forward", variant="depth_tile", block_n=1, split=3):
+        assert_compiles_like_eager(path, TinyDepthModel(), torch.randn(2, 5, 16))
+
+
 @pytest.mark.parametrize("path", PATHS)
 def test_export_round_trip(path):
     torch.manual_seed(6)
