@@ -107,9 +107,10 @@ def _forward(
     if plan.block_n:
         # tokens_per_program > 0: the grid follows from it, so a forced value cannot leave tokens out
         grid = -(-tokens // plan.tokens_per_program) if plan.tokens_per_program else plan.grid
-        splits = plan.split if plan.split > 1 else 1
-        part = values.new_empty((splits * tokens * (dim + 2),), dtype=lse.dtype) if splits > 1 else lse
-        launch(attn_res_fwd_depth_tile_kernel, (tokens * splits if splits > 1 else grid,),
+        splits, part = max(plan.split, 1), lse  # part: not read unless split
+        if splits > 1:  # program (token, s) writes fp32 partials [splits, T, D + 2] that the merge folds
+            grid, part = tokens * splits, values.new_empty((splits * tokens * (dim + 2),), dtype=lse.dtype)
+        launch(attn_res_fwd_depth_tile_kernel, (grid,),
                dict(v_ptr=values, q_ptr=query, w_ptr=weight, out_ptr=out, lse_ptr=lse, part_ptr=part, splits=splits,
                     **walk),
                dict(HAS_WEIGHT=norm_weight is not None, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d, F64=f64,

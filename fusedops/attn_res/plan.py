@@ -164,8 +164,8 @@ def _grouped_forward_plan(target: Target, tokens: int, sources: int, block_d: in
     persistent programs per core; None when a group does not fit on chip. Where the tokens are too few to give
     every core row["split_per_core"] programs, each token's groups are split over up to that many programs
     a core (`split`; a merge launch folds them), where that shortens a token's chain of groups by at least
-    row["split_min_saved"] (the merge costs about that much). Where the rows came from: bench/NOTES.md, attn_res run 12
-    (split: run 15)."""
+    row["split_min_saved"] (the merge costs about that much). Where the rows came from: bench/NOTES.md,
+    attn_res run 12 (split: run 15)."""
     block_n = min(row["group_rows"], next_pow2(sources))
     if block_n * block_d * per_element > target.onchip_bytes:
         return None
