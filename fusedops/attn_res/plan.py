@@ -157,6 +157,12 @@ def depth_tile_plan(target: Target, tokens: int, sources: int, dim: int, elem_si
     return Plan(block_t=1, block_d=block_d, one_tile=True, grid=grid, num_warps=num_warps, block_n=block_n)
 
 
+def split_count(target: Target, tokens: int, groups: int, per_core: int) -> int:
+    """Programs a token's `groups` row groups are split over so that every core has `per_core` programs (at
+    most one group each)."""
+    return min(groups, target.vector_cores * per_core // tokens)
+
+
 def _grouped_forward_plan(target: Target, tokens: int, sources: int, block_d: int, per_element: int,
                           row: dict) -> Plan | None:
     """The depth-tile forward in groups of row["group_rows"] source rows a step (fewer where N is smaller), on
@@ -171,7 +177,7 @@ def _grouped_forward_plan(target: Target, tokens: int, sources: int, block_d: in
         return None
     splits, groups = 0, -(-sources // block_n)
     if row.get("split_per_core") and isinstance(tokens, int) and tokens > 0:
-        splits = min(groups, target.vector_cores * row["split_per_core"] // tokens)
+        splits = split_count(target, tokens, groups, row["split_per_core"])
     if splits > 1 and groups - -(-groups // splits) >= row.get("split_min_saved", 0):
         return Plan(block_t=1, block_d=block_d, one_tile=True, grid=tokens * splits, num_warps=row["num_warps"],
                     block_n=block_n, tokens_per_program=1, constant_dim=row["constant_dim"], split=splits)

@@ -33,8 +33,9 @@ fla's autotuning included): split it over device calls with --part I/K and summa
 together with --summarize. --warm runs each shape's steps once and times nothing: several such processes
 (--sub J/W of a part) fill Triton's on-disk cache (and fla's compiles) in parallel before the timed runs
 (bench/gpu_check.sh STEPS=gridpar: one timed part per GPU after the warm-up; on a 4-GPU H200 host a timed part
-ran 10 shapes in ~280 s, fla's autotuning included: the 72 shapes take 8 parts, two calls). On a CPU a few tiny shapes of the grid run the PyTorch
-reference path: a smoke test, the timings indicative only. bench/gpu_check.sh runs it as STEPS=grid.
+ran 10 shapes in ~280 s, fla's autotuning included: the 72 shapes take 8 parts, two calls). On a CPU a few tiny
+shapes of the grid run the PyTorch reference path: a smoke test, the timings indicative only.
+bench/gpu_check.sh runs it as STEPS=grid.
 """
 
 from __future__ import annotations
@@ -139,15 +140,20 @@ def fla_configs() -> dict:
     return {"fla_configs": {k: str(getattr(getattr(fused, k, None), "best_config", None)) for k in kernels}}
 
 
+def shape_inputs(ctx: Context, shape) -> list:
+    """[values [N, 1, tokens, D], query, norm_weight] of a grid shape, each requiring grad."""
+    n, tokens, d = shape
+    values = torch.randn(n, 1, tokens, d, device=ctx.device, dtype=ctx.dtype, requires_grad=True)
+    query = (0.1 * torch.randn(d, device=ctx.device)).requires_grad_()
+    return [values, query, torch.ones(d, device=ctx.device, requires_grad=True)]
+
+
 def run_shape(ctx: Context, shape, elem: int) -> list[dict]:
     """Every provider's rows of one shape, fwd and fwd+bwd, with their kind, replay and ratio."""
     n, tokens, d = shape
     graphs = ctx.device.type == "cuda"
     nbytes = mode_bytes(shape, elem)
-    values = torch.randn(n, 1, tokens, d, device=ctx.device, dtype=ctx.dtype, requires_grad=True)
-    query = (0.1 * torch.randn(d, device=ctx.device)).requires_grad_()
-    norm_weight = torch.ones(d, device=ctx.device, requires_grad=True)
-    inputs = [values, query, norm_weight]
+    inputs = shape_inputs(ctx, shape)
     rows = []
     for name, fn in providers().items():
         try:
@@ -171,7 +177,7 @@ def run_shape(ctx: Context, shape, elem: int) -> list[dict]:
                 r.update(fla_configs())
             rows.append(r)
         del fns
-    del values, query, norm_weight, inputs
+    del inputs
     ctx.empty_cache()
     for r in rows:
         if r["mode"] in MODES:  # not the one row of a baseline that does not import
@@ -202,10 +208,7 @@ def warm_shape(ctx: Context, shape) -> str:
         fcntl.flock(lock, fcntl.LOCK_EX)
     failed = []
     try:
-        values = torch.randn(n, 1, tokens, d, device=ctx.device, dtype=ctx.dtype, requires_grad=True)
-        query = (0.1 * torch.randn(d, device=ctx.device)).requires_grad_()
-        norm_weight = torch.ones(d, device=ctx.device, requires_grad=True)
-        inputs = [values, query, norm_weight]
+        inputs = shape_inputs(ctx, shape)
         for name, fn in providers().items():
             try:
                 fns = fwd_bwd_fns(lambda fn=fn: fn(*inputs), inputs)
@@ -214,7 +217,7 @@ def warm_shape(ctx: Context, shape) -> str:
                 del fns
             except Exception as e:  # noqa: BLE001 - the timed run reports it
                 failed.append(f"{name}: {type(e).__name__}")
-        del values, query, norm_weight, inputs
+        del inputs
         synchronize(ctx.device)
     finally:
         ctx.empty_cache()

@@ -31,7 +31,7 @@ import fusedops
 from fusedops.attn_res import kernels as attn_res_kernels
 from fusedops.attn_res import op as attn_res_op
 from fusedops.attn_res.op import _backward, _forward, forward_plan
-from fusedops.attn_res.plan import Plan, depth_tile_plan, make_plan, next_pow2
+from fusedops.attn_res.plan import Plan, depth_tile_plan, make_plan, next_pow2, split_count
 from fusedops.bench.common import measure_ceiling
 from fusedops.launch import launch
 from fusedops.targets import cuda_target
@@ -119,7 +119,7 @@ def _sweep_depth_configs(case, base, n, dim, tokens, target, configs, max_per_th
             continue
         grid = tokens if per_sm == 0 else min(tokens, per_sm * target.vector_cores)
         plan = dataclasses.replace(swept, num_warps=warps, grid=grid)
-        err = max(((a.float() - b.float()).norm() / b.float().norm()).item() for a, b in zip(run(plan), ref))
+        err = _relative_error(run(plan), ref)
         same = (warps, grid) == (swept.num_warps, swept.grid)
         label = f"w{warps} {'1/token' if per_sm == 0 else f'{per_sm}/SM'}"
         ms = _time(f"depth-tile {case} {label} err {err:.1e}", lambda: run(plan), nbytes, ceiling, same)
@@ -183,9 +183,7 @@ def sweep_depth_tile_forward() -> None:
             grid = -(-tokens // -per_sm) if per_sm <= 0 else min(tokens, per_sm * target.vector_cores)
             plan = Plan(block_t=1, block_d=block_d, one_tile=True, grid=grid, num_warps=warps, block_n=block_n,
                         tokens_per_program=max(0, -per_sm), constant_dim=True)
-            got = _fwd(plan, v, q, w, target)
-            err = max(((a.float() - b.float()).norm() / b.float().norm()).item() for a, b in zip(got, ref))
-            ms = _replay_ms(lambda: _fwd(plan, v, q, w, target))
+            ms, err = _forward_with(plan, v, q, w, target, ref)
             label = f"rows {block_n} w{warps} {f'{-per_sm} tokens a program' if per_sm < 0 else f'{per_sm}/SM'}"
             print(f"{case} {label}: {ms:.4f} ms {100 * nbytes / ms / 1e9 / ceiling:.1f}% err {err:.1e}", flush=True)
             best = min(best, (ms, label))
@@ -209,7 +207,7 @@ def sweep_forward_split() -> None:
     table = []
     for n, tokens, dim in (_wide_cases() if os.environ.get("TUNE_CASES") else SPLIT_FWD_CASES):
         v, q, w = _wide_inputs(n, tokens, dim, dev)
-        nbytes, case = (n + 1) * tokens * dim * 2, f"N{n} T{tokens} D{dim}"
+        case = f"N{n} T{tokens} D{dim}"
         ref = _forward(v, q, w, 1e-6, target)
         planned = _replay_ms(lambda: _forward(v, q, w, 1e-6, target))
         base = forward_plan(target, tokens, n, dim, 2)
@@ -218,12 +216,10 @@ def sweep_forward_split() -> None:
         for block_n, warps, per_core in SPLIT_FWD_CONFIGS if base.block_n else []:
             if block_n > next_pow2(n) or block_n * base.block_d > warps * 32 * 128:
                 continue
-            splits = min(-(-n // block_n), target.vector_cores * per_core // tokens)
+            splits = split_count(target, tokens, -(-n // block_n), per_core)
             plan = dataclasses.replace(base, block_n=block_n, num_warps=warps, split=splits if splits > 1 else 0,
                                        tokens_per_program=1 if splits > 1 else base.tokens_per_program)
-            got = _fwd(plan, v, q, w, target)
-            err = max(((a.float() - b.float()).norm() / b.float().norm()).item() for a, b in zip(got, ref))
-            ms = _replay_ms(lambda: _fwd(plan, v, q, w, target))
+            ms, err = _forward_with(plan, v, q, w, target, ref)
             label = f"rows {block_n} w{warps} split {splits if splits > 1 else '-'} (k {per_core})"
             print(f"{case} {label}: {1e3 * ms:.1f} us err {err:.1e}", flush=True)
             best = min(best, (ms, label))
@@ -261,7 +257,7 @@ def sweep_backward_dim() -> None:
                 continue
             plan = dataclasses.replace(base, num_warps=warps, grid=min(tokens, per_sm * target.vector_cores))
             got = _bwd(plan, g, v, q, w, target, out, lse)
-            err = max(((a.float() - b.float()).norm() / b.float().norm()).item() for a, b in zip(got, ref))
+            err = _relative_error(got, ref)
             ms = _replay_ms(lambda: _bwd(plan, g, v, q, w, target, out, lse))
             label = f"{kind} w{warps} {per_sm}/SM"
             print(f"{case} {label}: {ms:.4f} ms {100 * nbytes / ms / 1e9 / ceiling:.1f}% err {err:.1e}", flush=True)
@@ -486,6 +482,17 @@ def _force(kind: str, plan: Plan):
 def _fwd(plan, v, q, w, target):
     with _force("forward", plan):
         return _forward(v, q, w, 1e-6, target)
+
+
+def _forward_with(plan, v, q, w, target, ref) -> tuple:
+    """(CUDA-graph replay ms, relative error of out and lse against `ref`) of the forward under `plan`."""
+    err = _relative_error(_fwd(plan, v, q, w, target), ref)
+    return _replay_ms(lambda: _fwd(plan, v, q, w, target)), err
+
+
+def _relative_error(got, ref) -> float:
+    """The largest ||a - b|| / ||b|| over matching tensors, in fp32."""
+    return max(((a.float() - b.float()).norm() / b.float().norm()).item() for a, b in zip(got, ref))
 
 
 def _bwd(plan, g, v, q, w, target, out=None, lse=None):
