@@ -11,6 +11,8 @@ import traceback
 
 import pytest
 import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
@@ -325,9 +327,12 @@ CP_CASES = [
 
 
 def _cp_case(rank, mesh):
+    from fusedops.neighborhood_attention import context_parallel as cp
+
     world = mesh.size()
     group = mesh.get_group()
     for i, (spatial, axis, ks, dil, st, causal, window, uneven) in enumerate(CP_CASES):
+        cp.IN_PLACE_MIN_ROW = 0 if i % 2 else 1 << 30  # halo rows received in place on every other case
         torch.manual_seed(10 + i)
         q = torch.randn(2, 4, *spatial, 8)
         k, v = (torch.randn(2, 2, *spatial, 8) for _ in range(2))
@@ -356,17 +361,58 @@ def _cp_case(rank, mesh):
 
 
 
+@settings(max_examples=40, deadline=None)
+@given(length=st.integers(4, 40), kernel=st.integers(2, 9), dilation=st.integers(1, 3), stride=st.integers(1, 9),
+       causal=st.booleans(), truncated=st.booleans(), cuts=st.lists(st.integers(0, 40), min_size=1, max_size=4),
+       seed=st.integers(0, 2 ** 16))
+def test_context_parallel_ranges_hold_every_window(length, kernel, dilation, stride, causal, truncated, cuts, seed):
+    """Each rank's extended range holds its queries' windows: the op on the slab's queries against the range's
+    keys (query_offset) equals the whole axis's op on those queries. No process group: the ranges alone."""
+    from fusedops.neighborhood_attention import reference
+    from fusedops.neighborhood_attention.context_parallel import slab_ranges
+
+    window = "truncated" if truncated else "shifted"
+    kernel = kernel | 1 if truncated else kernel
+    stride = 1 if truncated else min(stride, kernel)
+    assume(kernel * dilation <= length)
+    bounds = sorted({0, length, *(c % length for c in cuts)})
+    lengths = tuple(b - a for a, b in zip(bounds[:-1], bounds[1:]))
+    torch.manual_seed(seed)
+    q, k, v = (torch.randn(1, 1, length, 4, dtype=torch.float64) for _ in range(3))
+    args = ([kernel], [dilation], [stride], [causal], 0.5, window)
+    want, want_lse = reference.neighborhood_attention(q, k, v, *args)
+    for start, end, lo, hi in slab_ranges(lengths, kernel, dilation, stride, causal, window):
+        assert lo <= start <= end <= hi and lo % (dilation * stride) == 0 and hi - lo >= kernel * dilation
+        got, got_lse = reference.neighborhood_attention(q[:, :, start:end], k[:, :, lo:hi], v[:, :, lo:hi], *args,
+                                                         [start - lo])
+        torch.testing.assert_close(got, want[:, :, start:end], rtol=0, atol=1e-12)
+        torch.testing.assert_close(got_lse, want_lse[:, :, start:end], rtol=0, atol=1e-12)
+
+
+def test_context_parallel_ranges_take_only_the_windows_reach():
+    """A middle slab of 64 rows with 80-row windows needs 40 rows a side (NATTEN's shifted windows reach k // 2 = 40
+    before a query and k - 1 - k // 2 = 39 after it), not the kernel's length: the 2-D benchmark case on 4 ranks."""
+    from fusedops.neighborhood_attention.context_parallel import slab_ranges
+
+    assert slab_ranges((64,) * 4, 80, 1, 1, False, "shifted") == (
+        (0, 64, 0, 103), (64, 128, 24, 167), (128, 192, 88, 231), (192, 256, 152, 256))
+
+
 def _cp_dtensor_case(rank, mesh):
     from torch.distributed.tensor import Shard, distribute_tensor
 
     torch.manual_seed(20)
-    q, k, v = (torch.randn(1, 2, 9, 7, 8) for _ in range(3))  # 9 rows over 2 or 4 ranks: uneven slabs
-    grad_out = torch.randn_like(q)
+    # 9 rows over 2 or 4 ranks: uneven slabs; v's head dim differs from k's: k and v travel apart
+    q, k, v = (torch.randn(1, 2, 9, 7, d) for d in (8, 8, 16))
+    grad_out = torch.randn_like(v)
     kw = dict(kernel_size=(3, 5), dilation=(2, 1), stride=(1, 2))
     lq, lk, lv = _leaves(q, k, v)
     out = fusedops.neighborhood_attention(lq, lk, lv, **kw)
     out.backward(grad_out)
     dq, dk, dv = (distribute_tensor(t, mesh, [Shard(2)]).requires_grad_() for t in (q, k, v))
+    from fusedops.neighborhood_attention import context_parallel as cp
+
+    cp.IN_PLACE_MIN_ROW = 0  # received in place, k and v apart
     dout = fusedops.neighborhood_attention(dq, dk, dv, **kw)
     assert dout.placements == (Shard(2),)
     _check("DTensor context-parallel out", dout, out.detach())

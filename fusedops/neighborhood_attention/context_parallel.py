@@ -1,22 +1,28 @@
 """Context-parallel neighborhood attention: q, k, v sharded along one spatial axis over a process group.
 
-Each rank holds a contiguous slab of the axis (rank order = slab order). A query's window reaches at most
-a few kernel lengths (times the dilation) along the axis, so each rank needs only the halo of key positions
-around its slab that its windows reach: it receives those rows of k and v from the ranks that own them
-(point-to-point, torch.distributed, as many hops as the halo spans) and runs the single-device op on its own
-queries against the extended keys (the op's query_offset: no halo query is computed). The extended slab
-starts where the global axis does or far enough out that no window of a local query is cut or shifted by
-its edge, and at a multiple of dilation x stride so that stride groups (GNA) line up with the global ones:
-every local result equals the single-device op's. The backward is one op over all the rank's queries; it
-sends the halo keys' gradients back to their owners, which add them.
+Each rank holds a contiguous slab of the axis (rank order = slab order). It needs the keys its queries'
+windows use: the extended range [lo, hi) from the first to the last key position (or shifted-window leader)
+of any of its queries, computed from the reference's per-axis windows. It receives the rows of k and v in that
+range from the ranks that own them (point-to-point, torch.distributed, as many hops as the range spans) and runs
+the single-device op on its own queries against the extended keys (the op's query_offset: no halo query is
+computed). Every window lies inside the extended range, so none is cut or shifted by its edges, and lo is a
+multiple of dilation x stride so that stride groups (GNA) line up with the global ones: every local result
+equals the single-device op's. The backward sends the halo keys' gradients back to their owners, which add them.
 
-Not overlapped: running the queries whose windows lie inside the slab while the halo is in flight, and the
-rest after it lands, was 2-4% slower than one op after the halo lands (H200 x2, bench/NOTES.md, distributed
-run 2): the exchange did not run under the interior's kernel.
+Per peer and direction, k's and v's rows travel as one tensor (one point-to-point transfer, not two). Where a row
+of the sharded axis is long (2-D and 3-D slabs sharded on their first axis), the extended k and v share one storage
+with the sharded axis outermost: each peer's rows are received in place, and the op reads them through their
+strides.
+
+Measured and not kept (H200 x4, bench/NOTES.md, distributed run 4): pipelining over chunks of heads, each chunk's
+halo in flight under the previous chunk's attention (slower at 2-8 chunks, with or without
+TORCH_NCCL_HIGH_PRIORITY).
 """
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import Optional, Sequence
 
 import torch
@@ -24,90 +30,116 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .op import check_window_args, neighborhood_attention, neighborhood_attention_backward_op
+from .reference import axis_leader, axis_window
+
+# Receive halo rows in place (extend) where a row of the sharded axis is at least this many contiguous elements: the
+# slab's copy into the extended storage then moves long runs (distributed run 5).
+IN_PLACE_MIN_ROW = 4096
 
 
-def axis_halo(kernel: int, dilation: int, stride: int, causal: bool, window: str) -> tuple[int, int]:
-    """(left, right) positions beyond a slab that the windows of its queries may need on one axis. In
-    within-group steps: a shifted window's leader lies up to stride - 1 before (its group's start) or
-    stride // 2 after its query, the window k // 2 around the leader and clamped inward at the ends;
-    causal leaders up to stride - 1 after the query; truncated windows k // 2 around the query."""
-    if window == "truncated":
-        steps = (kernel - 1, 0) if causal else (kernel // 2, kernel // 2)
-    elif causal:
-        steps = (kernel - 1, stride - 1)
-    else:
-        steps = (kernel - 1 + stride // 2, kernel - 1 + stride // 2)
-    return steps[0] * dilation, steps[1] * dilation
-
-
-def slab_ranges(lengths: Sequence[int], halo: tuple[int, int], align: int, min_length: int
-                ) -> list[tuple[int, int, int, int]]:
-    """Per rank (start, end, lo, hi): its slab [start, end) of the axis and the extended range [lo, hi)
-    its windows need, lo rounded down to a multiple of `align`, at least min_length long (the op needs
-    kernel_size x dilation positions; a wider range than the windows need changes no result)."""
-    total, start, out = sum(lengths), 0, []
+@functools.lru_cache(maxsize=256)
+def slab_ranges(lengths: tuple[int, ...], kernel: int, dilation: int, stride: int, causal: bool, window: str
+                ) -> tuple[tuple[int, int, int, int], ...]:
+    """Per rank (start, end, lo, hi): its slab [start, end) of an axis of the given slab lengths, and the extended
+    range [lo, hi) holding every key and shifted-window leader of its queries' windows (the slab included), lo
+    rounded down to a multiple of dilation x stride, at least kernel x dilation long (the op's minimum; a wider
+    range than the windows need changes no result)."""
+    total, align, min_length = sum(lengths), dilation * stride, kernel * dilation
+    start, out = 0, []
     for n in lengths:
-        lo, hi = max(0, start - halo[0]), min(total, start + n + halo[1])
-        if hi - lo < min_length:
-            lo = max(0, hi - min_length)
-        lo = lo // align * align
-        out.append((start, start + n, lo, max(hi, min(total, lo + min_length))))
+        first, last = start, start + n
+        if n:
+            i = torch.arange(start, start + n)
+            group, within = i % dilation, i // dilation
+            group_length = total // dilation + (group < total % dilation).long()
+            lo, hi = axis_window(within, group_length, kernel, stride, causal, window)
+            if window == "shifted":
+                hi = torch.maximum(hi, axis_leader(within, group_length, stride, causal))
+            first = min(first, int((lo * dilation + group).min()))
+            last = max(last, int((hi * dilation + group).max()) + 1)
+        if last - first < min_length:
+            first = max(0, last - min_length)
+        first = first // align * align
+        out.append((start, start + n, first, max(last, min(total, first + min_length))))
         start += n
-    return out
+    return tuple(out)
 
 
 def rank_ranges(lengths: Sequence[int], axis: int, ks: list, dil: list, st: list, causal: list, window: str
-                ) -> list[tuple[int, int, int, int]]:
+                ) -> tuple[tuple[int, int, int, int], ...]:
     """slab_ranges for normalised window arguments (check_window_args) sharded on spatial axis `axis`."""
-    halo = axis_halo(ks[axis], dil[axis], st[axis], causal[axis], window)
-    return slab_ranges(lengths, halo, dil[axis] * st[axis], ks[axis] * dil[axis])
+    return slab_ranges(tuple(int(n) for n in lengths), ks[axis], dil[axis], st[axis], bool(causal[axis]), window)
 
 
-def extend(xs: Sequence[Tensor], dim: int, rank: int, ranges: list, group) -> list[Tensor]:
-    """Each x's extended slab [lo, hi) along `dim`: x's rows, and the halo rows from the ranks that own them
-    (point-to-point, one batch for all xs; on GPUs the current stream waits for them, the host does not)."""
+def _peers(rank: int, ranges, group):
+    """(peer's global rank, rows of this slab in the peer's range, rows of the peer's slab in this range)."""
     start, end, lo, hi = ranges[rank]
-    exts = []
-    for x in xs:
-        shape = list(x.shape)
-        shape[dim] = hi - lo
-        exts.append(x.new_empty(shape))
-        exts[-1].narrow(dim, start - lo, end - start).copy_(x)
-    _exchange(list(zip(xs, exts)), dim, rank, ranges, group, backward=False)
+    for peer, (p_start, p_end, p_lo, p_hi) in enumerate(ranges):
+        if peer != rank:
+            yield (dist.get_global_rank(group, peer) if group is not None else peer,
+                   (max(start, p_lo), min(end, p_hi)), (max(p_start, lo), min(p_end, hi)))
+
+
+def _packs(xs: Sequence[Tensor]) -> list[list[int]]:
+    """Indices of xs that travel together: all of them when they share a shape (k and v unless v's head dim
+    differs), so one transfer per peer and direction (c10d's host cost is per tensor)."""
+    return [list(range(len(xs)))] if all(x.shape == xs[0].shape for x in xs) else [[j] for j in range(len(xs))]
+
+
+def extend(xs: Sequence[Tensor], dim: int, rank: int, ranges, group) -> list[Tensor]:
+    """Each x's extended slab [lo, hi) along `dim`: x's rows, and the halo rows from the ranks that own them
+    (point-to-point; on GPUs the current stream waits for them, the host does not). Where a row of `dim` is at
+    least IN_PLACE_MIN_ROW contiguous elements, a pack's extended slabs share one storage with `dim` outermost and
+    the pack's tensors next, so the rows from a peer are received in place (one contiguous block); else each is a
+    plain tensor and the received rows are copied in."""
+    start, end, lo, hi = ranges[rank]
+    in_place = math.prod(xs[0].shape[dim + 1:]) >= IN_PLACE_MIN_ROW
+    exts: list = [None] * len(xs)
+    stores = []
+    for pack in _packs(xs):
+        shape = list(xs[pack[0]].shape)
+        if in_place:
+            del shape[dim]
+            stores.append(xs[pack[0]].new_empty([hi - lo, len(pack)] + shape))
+        else:
+            shape[dim] = hi - lo
+        for slot, j in enumerate(pack):
+            exts[j] = stores[-1][:, slot].movedim(0, dim) if in_place else xs[j].new_empty(shape)
+            exts[j].narrow(dim, start - lo, end - start).copy_(xs[j])
+    _exchange(list(xs), exts, dim, rank, ranges, group, backward=False, stores=stores if in_place else None)
     return exts
 
 
-def _exchange(pairs: list, dim: int, rank: int, ranges: list, group, backward: bool) -> None:
-    """For each (local slab, extended slab) pair, forward: receive into the extended slab the rows of [lo, hi)
-    other ranks own and send them the rows of this slab their ranges need. Backward: the reverse, adding what
-    comes back into local. One batch of transfers for all pairs."""
+def _exchange(local: list, ext: list, dim: int, rank: int, ranges, group, backward: bool, stores=None) -> None:
+    """Forward: receive into each extended slab the rows of [lo, hi) other ranks own (in place, into `stores`,
+    when given: see extend) and send them the rows of the local slabs their ranges need. Backward: the reverse,
+    adding what comes back into the local slabs."""
     start, end, lo, hi = ranges[rank]
     ops, landed = [], []
-    for peer, (p_start, p_end, p_lo, p_hi) in enumerate(ranges):
-        if peer == rank:
-            continue
-        peer_rank = dist.get_global_rank(group, peer) if group is not None else peer
-        mine = (max(start, p_lo), min(end, p_hi))  # rows of this slab in the peer's range
-        theirs = (max(p_start, lo), min(p_end, hi))  # rows of the peer's slab in this range
+    for peer, mine, theirs in _peers(rank, ranges, group):
         outgoing, incoming = (theirs, mine) if backward else (mine, theirs)
-        for local, ext in pairs:
-            source, base_out = (ext, lo) if backward else (local, start)
+        source, base = (ext, lo) if backward else (local, start)
+        for p, pack in enumerate(_packs(local)):
             if outgoing[1] > outgoing[0]:
-                rows = source.narrow(dim, outgoing[0] - base_out, outgoing[1] - outgoing[0]).contiguous()
-                ops.append(dist.P2POp(dist.isend, rows, peer_rank, group))
-            if incoming[1] > incoming[0]:
-                shape = list(local.shape)
+                rows = [source[j].narrow(dim, outgoing[0] - base, outgoing[1] - outgoing[0]) for j in pack]
+                rows = torch.stack([r.movedim(dim, 0) for r in rows], 1) if stores else torch.stack(rows)
+                ops.append(dist.P2POp(dist.isend, rows, peer, group))
+            if incoming[1] > incoming[0] and stores:
+                ops.append(dist.P2POp(dist.irecv, stores[p].narrow(0, incoming[0] - lo, incoming[1] - incoming[0]),
+                                      peer, group))
+            elif incoming[1] > incoming[0]:
+                shape = list(local[pack[0]].shape)
                 shape[dim] = incoming[1] - incoming[0]
-                buf = local.new_empty(shape)
-                ops.append(dist.P2POp(dist.irecv, buf, peer_rank, group))
-                landed.append((local, ext, buf, incoming[0]))
+                buf = local[pack[0]].new_empty([len(pack)] + shape)
+                ops.append(dist.P2POp(dist.irecv, buf, peer, group))
+                landed.extend((j, incoming[0], buf[slot]) for slot, j in enumerate(pack))
     for request in dist.batch_isend_irecv(ops) if ops else []:
         request.wait()
-    for local, ext, buf, first in landed:
+    for j, first, rows in landed:
         if backward:
-            local.narrow(dim, first - start, buf.shape[dim]).add_(buf)
+            local[j].narrow(dim, first - start, rows.shape[dim]).add_(rows)
         else:
-            ext.narrow(dim, first - lo, buf.shape[dim]).copy_(buf)
+            ext[j].narrow(dim, first - lo, rows.shape[dim]).copy_(rows)
 
 
 class _ContextParallel(torch.autograd.Function):
@@ -115,7 +147,7 @@ class _ContextParallel(torch.autograd.Function):
     gradients go back to their owners."""
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, dim: int, rank: int, ranges: list, group, window_args: tuple):
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, dim: int, rank: int, ranges, group, window_args: tuple):
         k_ext, v_ext = extend((k, v), dim, rank, ranges, group)
         offset = [0] * (q.dim() - 3)
         offset[dim - 2] = ranges[rank][0] - ranges[rank][2]  # the slab's first row in the extended one
@@ -137,7 +169,7 @@ class _ContextParallel(torch.autograd.Function):
             grad_out, grad_lse, q, k_ext, v_ext, out, lse, *ctx.window_args, ctx.offset)
         dk, dv = (g.narrow(dim, start - lo, end - start).clone(memory_format=torch.contiguous_format)
                   for g in (dk_ext, dv_ext))
-        _exchange([(dk, dk_ext), (dv, dv_ext)], dim, rank, ranges, ctx.group, backward=True)
+        _exchange([dk, dv], [dk_ext, dv_ext], dim, rank, ranges, ctx.group, backward=True)
         return dq, dk, dv, None, None, None, None, None
 
 

@@ -37,12 +37,16 @@ def axis_window(i: Tensor, lg: Tensor, k: int, s: int, causal: bool, window: str
         lo = (i - (k - 1 if causal else k // 2)).clamp(min=0)
         hi = i if causal else torch.minimum(i + k // 2, lg - 1)
         return lo, hi
+    c = axis_leader(i, lg, s, causal)
     if causal:
-        c = torch.minimum((i // s) * s + s - 1, lg - 1)
         return (c - k + 1).clamp(min=0), i
-    c = torch.minimum((i // s) * s + s // 2, lg - 1)
     lo = torch.minimum((c - k // 2).clamp(min=0), lg - k)
     return lo, lo + k - 1
+
+
+def axis_leader(i: Tensor, lg: Tensor, s: int, causal: bool) -> Tensor:
+    """The within-group position a shifted window is placed around (causal: ends at): the leader of i's stride group."""
+    return torch.minimum((i // s) * s + (s - 1 if causal else s // 2), lg - 1)
 
 
 def axis_neighbors(length: int, k: int, d: int, s: int, causal: bool, window: str) -> tuple[Tensor, Tensor]:
