@@ -1,18 +1,38 @@
-"""Where context-parallel NA's forward time goes (issue 33): torchrun --nproc-per-node 2 -m
-bench.experiments.cp_profile. Times the rank's forward, the exchange alone and the op alone; then profiles the
-forward on rank 0 (GPU kernels by total time; trace in $OUT)."""
+"""Where context-parallel NA's time goes (issue 33): torchrun --nproc-per-node N -m bench.experiments.cp_profile.
+Profiles the forward and the forward+backward of each case on rank 1 (a middle slab): the GPU kernels by total
+time, and how much of the NCCL kernels' time ran while an attention kernel did; chrome traces in $OUT."""
 
 import os
+
 import torch
 import torch.distributed as dist
 
-import fusedops
-from fusedops.bench.distributed import timed
 from fusedops.neighborhood_attention import context_parallel as cp
-from fusedops.neighborhood_attention.op import check_window_args
+
+
+def busy(events, pick) -> list[tuple[float, float]]:
+    """Merged [start, end) intervals (us) of the kernels whose name `pick` accepts."""
+    spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "kernel" and pick(e["name"]))
+    merged: list = []
+    for a, b in spans:
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return merged
+
+
+def overlap(xs, ys) -> float:
+    total = 0.0
+    for a, b in xs:
+        for c, d in ys:
+            total += max(0.0, min(b, d) - max(a, c))
+    return total
 
 
 def main():
+    import json
+
     rank = int(os.environ["RANK"])
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group("nccl")
@@ -21,29 +41,34 @@ def main():
     for name, shape, ks in (("1D 131072 w2048 H8", (1, 8, 131072, 128), 2048),
                             ("2D 256x256 w80 H24", (1, 24, 256, 256, 128), (80, 80))):
         torch.manual_seed(0)
-        q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16).tensor_split(world, 2)[rank].contiguous()
-                   for _ in range(3))
+        q, k, v, g = (torch.randn(shape, device="cuda", dtype=torch.bfloat16).tensor_split(world, 2)[rank]
+                      .contiguous().requires_grad_() for _ in range(4))
         lengths = [q.shape[2]] * world
-        fwd = lambda: cp.context_parallel_neighborhood_attention(q, k, v, ks, lengths=lengths)
-        rows = {"forward": timed(fwd)}
-        ranges = cp.rank_ranges(lengths, 0, *check_window_args(q.dim() - 3, ks, 1, 1, False, "shifted"), "shifted")
-        rows["exchange (k, v) alone"] = timed(lambda: cp.extend((k, v), 2, rank, ranges, None))
-        k_ext, v_ext = cp.extend((k, v), 2, rank, ranges, None)
-        off = [ranges[rank][0] - ranges[rank][2]] + [0] * (q.dim() - 4)
-        rows["op alone"] = timed(lambda: fusedops.neighborhood_attention(q, k_ext, v_ext, ks, query_offset=off))
-        if rank == 0:
-            print(f"\n{name}, rank 0 slab {ranges[0]}")
-            for key, ms in rows.items():
-                print(f"  {key:<28} {ms:8.3f} ms")
-        from torch.profiler import ProfilerActivity, profile
-        with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        for mode in ("fwd", "fwd+bwd"):
+            def step():
+                out = cp.context_parallel_neighborhood_attention(q, k, v, ks, lengths=lengths)
+                if mode == "fwd+bwd":
+                    torch.autograd.grad(out, (q, k, v), g)
             for _ in range(3):
-                fwd()
+                step()
             torch.cuda.synchronize()
-        dist.barrier()
-        if rank == 0:
-            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=60))
-            prof.export_chrome_trace(os.path.join(out_dir, f"cp_{name.split()[0]}.json"))
+            dist.barrier()
+            from torch.profiler import ProfilerActivity, profile
+            with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+                for _ in range(3):
+                    step()
+                torch.cuda.synchronize()
+            dist.barrier()
+            if rank == min(1, world - 1):  # a middle slab: the most halo
+                path = os.path.join(out_dir, f"cp_{name.split()[0]}_{mode.replace('+', '_')}.json")
+                prof.export_chrome_trace(path)
+                events = json.load(open(path))["traceEvents"]
+                nccl = busy(events, lambda n: "nccl" in n.lower())
+                attn = busy(events, lambda n: n.startswith("na_"))
+                t_nccl, t_attn = sum(b - a for a, b in nccl), sum(b - a for a, b in attn)
+                print(f"\n{name} {mode} (rank {rank}, 3 steps): NCCL kernels {t_nccl / 3:.0f} us a "
+                      f"step, attention {t_attn / 3:.0f} us, NCCL under attention {overlap(nccl, attn) / 3:.0f} us")
+                print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=10, max_name_column_width=60))
     dist.destroy_process_group()
 
 

@@ -3,14 +3,15 @@ sharding, against one GPU running the whole problem, in one torchrun launch:
 
     torchrun --standalone --nproc-per-node 4 -m fusedops.bench.distributed
 
-Every rank times the same fixed number of calls with CUDA events (medians; a barrier before each timed
-region; the slowest rank's median is reported); rank 0 also times the single-GPU op on the full problem
-first (do_bench). Prints
+Every rank times the same fixed number of calls, issued back to back, each between CUDA events (medians; a barrier
+before each timed region; the slowest rank's median is reported); rank 0 also times the single-GPU op on the full
+problem first (do_bench). Prints
 per case: one GPU, all ranks, speed-up and scaling efficiency (speed-up / ranks), bf16.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -19,21 +20,21 @@ import torch.distributed as dist
 
 def timed(fn, warmup: int = 3, reps: int = 10) -> float:
     """Median ms per call over a fixed number of calls on every rank (do_bench picks its repeat count
-    from each rank's own first calls: ranks that exchange data would then wait for calls never made);
-    the slowest rank's median."""
+    from each rank's own first calls: ranks that exchange data would then wait for calls never made),
+    issued back to back as do_bench issues them (the host's launch time overlaps the previous call's GPU work),
+    each between its own CUDA events; the slowest rank's median."""
     for _ in range(warmup):
         fn()
     dist.barrier()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for start, end in events:
         start.record()
         fn()
         end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    worst = torch.tensor([sorted(times)[reps // 2]], device="cuda")
+    torch.cuda.synchronize()
+    times = sorted(start.elapsed_time(end) for start, end in events)
+    worst = torch.tensor([times[reps // 2]], device="cuda")
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)
     return worst.item()
 
@@ -66,15 +67,61 @@ def run_na(rank, world, rows):
 
         times["cp fwd"] = timed(fwd)
         times["cp fwd+bwd"] = timed(lambda: torch.autograd.grad(fwd(), local[:3], local[3]))
+        with _kernel_length_halos():
+            times["halo fwd"] = timed(fwd)
+            times["halo fwd+bwd"] = timed(lambda: torch.autograd.grad(fwd(), local[:3], local[3]))
+        with _other_layout(local[1], dim):
+            times["layout fwd"] = timed(fwd)
+            times["layout fwd+bwd"] = timed(lambda: torch.autograd.grad(fwd(), local[:3], local[3]))
         times.update(_compute_only(rank, local, lengths, ks, dil, axis))
         rows.append((name, times))
         del q, k, v, grad, local
         torch.cuda.empty_cache()
 
 
+@contextlib.contextmanager
+def _kernel_length_halos():
+    """The ranges of distributed runs 1-3 for comparison: kernel - 1 + stride // 2 positions (times the dilation)
+    beyond each side of a slab (shifted windows, not causal) instead of the windows' exact reach."""
+    from fusedops.neighborhood_attention import context_parallel as cp
+
+    exact = cp.slab_ranges
+
+    def halo_ranges(lengths, kernel, dilation, stride, causal, window):
+        reach = (kernel - 1 + stride // 2) * dilation
+        total, start, out = sum(lengths), 0, []
+        for n in lengths:
+            lo, hi = max(0, start - reach), min(total, start + n + reach)
+            out.append((start, start + n, lo // (dilation * stride) * dilation * stride, hi))
+            start += n
+        return tuple(out)
+
+    cp.slab_ranges = halo_ranges
+    try:
+        yield
+    finally:
+        cp.slab_ranges = exact
+
+
+@contextlib.contextmanager
+def _other_layout(k, dim):
+    """The extended slabs in the layout the rule (context_parallel.IN_PLACE_MIN_ROW) does not pick for k: received
+    in place where it copies them in, and the reverse."""
+    import math
+
+    from fusedops.neighborhood_attention import context_parallel as cp
+
+    rule = cp.IN_PLACE_MIN_ROW
+    cp.IN_PLACE_MIN_ROW = 1 << 62 if math.prod(k.shape[dim + 1:]) >= rule else 0
+    try:
+        yield
+    finally:
+        cp.IN_PLACE_MIN_ROW = rule
+
+
 def _compute_only(rank, local, lengths, ks, dil, axis) -> dict:
     """The rank's op on its queries against k/v halos exchanged once beforehand: the time without the
-    exchange (the copies into the extended slabs and the point-to-point transfers)."""
+    exchange (the copies into the extended slabs and the point-to-point transfers); and the exchange alone."""
     import fusedops
     from fusedops.neighborhood_attention import context_parallel as cp
     from fusedops.neighborhood_attention.op import check_window_args
@@ -83,6 +130,7 @@ def _compute_only(rank, local, lengths, ks, dil, axis) -> dict:
     ndim = q.dim() - 3
     ranges = cp.rank_ranges(lengths, axis, *check_window_args(ndim, ks, dil, 1, False, "shifted"), "shifted")
     with torch.no_grad():
+        times = {"exchange alone": timed(lambda: cp.extend((k, v), 2 + axis, rank, ranges, None))}
         k_ext, v_ext = (t.requires_grad_() for t in cp.extend((k, v), 2 + axis, rank, ranges, None))
     offset = [0] * ndim
     offset[axis] = ranges[rank][0] - ranges[rank][2]
@@ -90,8 +138,9 @@ def _compute_only(rank, local, lengths, ks, dil, axis) -> dict:
     def fwd():
         return fusedops.neighborhood_attention(q, k_ext, v_ext, ks, dil, query_offset=offset)
 
-    return {"compute fwd": timed(fwd),
-            "compute fwd+bwd": timed(lambda: torch.autograd.grad(fwd(), (q, k_ext, v_ext), grad))}
+    times["compute fwd"] = timed(fwd)
+    times["compute fwd+bwd"] = timed(lambda: torch.autograd.grad(fwd(), (q, k_ext, v_ext), grad))
+    return times
 
 
 def _single(fn) -> float:
@@ -138,18 +187,24 @@ def main() -> None:
         run_attn_res(rank, world, rows)
     finally:
         if rank == 0:
-            print(f"\n{torch.cuda.get_device_name()} x {world}, bf16, ms (medians; all ranks: the slowest)")
-            print("(compute: the ranks' op alone, halos exchanged beforehand; its efficiency is the ceiling without "
-                  "the exchange)")
-            print(f"{'case':<58} {'mode':<8} {'one GPU':>8} {'ranks':>8} {'speed-up':>8} {'efficiency':>10} "
-                  f"{'compute':>8} {'ceiling':>8}")
-            for name, t in rows:
-                for mode in ("fwd", "fwd+bwd"):
-                    one, cp = t.get(f"one {mode}", float("nan")), t[f"cp {mode}"]
-                    alone = t.get(f"compute {mode}", float("nan"))
-                    print(f"{name:<58} {mode:<8} {one:8.3f} {cp:8.3f} {one / cp:8.2f} {one / cp / world:10.0%} "
-                          f"{alone:8.3f} {one / alone / world:8.0%}")
+            _report(rows, world)
         dist.destroy_process_group()
+
+
+def _report(rows, world) -> None:
+    print(f"\n{torch.cuda.get_device_name()} x {world}, bf16, ms (medians; all ranks: the slowest)")
+    print("(halo: the kernel-length ranges of runs 1-3; layout: the extended slabs in the layout the rule does not "
+          "pick; compute: the ranks' op alone on halos exchanged beforehand, its efficiency the ceiling without the "
+          "exchange)")
+    print(f"{'case':<58} {'mode':<8} {'one GPU':>8} {'ranks':>8} {'speed-up':>8} {'efficiency':>10} "
+          f"{'halo':>8} {'layout':>8} {'compute':>8} {'ceiling':>8} {'exchange':>8}")
+    nan = float("nan")
+    for name, t in rows:
+        for mode in ("fwd", "fwd+bwd"):
+            one, cp, alone = t.get(f"one {mode}", nan), t[f"cp {mode}"], t.get(f"compute {mode}", nan)
+            print(f"{name:<58} {mode:<8} {one:8.3f} {cp:8.3f} {one / cp:8.2f} {one / cp / world:10.0%} "
+                  f"{t.get(f'halo {mode}', nan):8.3f} {t.get(f'layout {mode}', nan):8.3f} {alone:8.3f} "
+                  f"{one / alone / world:8.0%} {t.get('exchange alone', nan):8.3f}")
 
 
 if __name__ == "__main__":
