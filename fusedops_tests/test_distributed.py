@@ -11,10 +11,10 @@ import traceback
 
 import pytest
 import torch
-from hypothesis import assume, given, settings
-from hypothesis import strategies as st
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 import fusedops
 
@@ -401,6 +401,8 @@ def test_context_parallel_ranges_take_only_the_windows_reach():
 def _cp_dtensor_case(rank, mesh):
     from torch.distributed.tensor import Shard, distribute_tensor
 
+    from fusedops.neighborhood_attention import context_parallel as cp
+
     torch.manual_seed(20)
     # 9 rows over 2 or 4 ranks: uneven slabs; v's head dim differs from k's: k and v travel apart
     q, k, v = (torch.randn(1, 2, 9, 7, d) for d in (8, 8, 16))
@@ -410,8 +412,6 @@ def _cp_dtensor_case(rank, mesh):
     out = fusedops.neighborhood_attention(lq, lk, lv, **kw)
     out.backward(grad_out)
     dq, dk, dv = (distribute_tensor(t, mesh, [Shard(2)]).requires_grad_() for t in (q, k, v))
-    from fusedops.neighborhood_attention import context_parallel as cp
-
     cp.IN_PLACE_MIN_ROW = 0  # received in place, k and v apart
     dout = fusedops.neighborhood_attention(dq, dk, dv, **kw)
     assert dout.placements == (Shard(2),)
