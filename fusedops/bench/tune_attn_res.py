@@ -178,7 +178,7 @@ def sweep_depth_tile_forward() -> None:
             best = (_replay_ms(lambda: _fwd(plan, v, q, w, target)), f"{rule_arch} rows: {plan}")
         for block_n, warps, per_sm in [] if rule_arch else GROUPED_FWD_CONFIGS:
             block_d = next_pow2(dim)
-            if block_n > next_pow2(n) or block_n * block_d > warps * 32 * 128:
+            if not _rows_fit(block_n, n, block_d, warps):
                 continue
             grid = -(-tokens // -per_sm) if per_sm <= 0 else min(tokens, per_sm * target.vector_cores)
             plan = Plan(block_t=1, block_d=block_d, one_tile=True, grid=grid, num_warps=warps, block_n=block_n,
@@ -195,6 +195,12 @@ def sweep_depth_tile_forward() -> None:
         pct = lambda ms: 100 * nb / ms / 1e9 / ceiling  # noqa: E731
         print(f"{case} | {t_plan:.4f} ({pct(t_plan):.1f}%) | {t_fla:.4f} ({pct(t_fla):.1f}%) | {t_best:.4f} ({cfg}, "
               f"{pct(t_best):.1f}%) | {t_plan / t_best:.2f}x")
+
+
+def _rows_fit(block_n: int, n: int, block_d: int, warps: int) -> bool:
+    """Whether a depth-tile config's rows a step are worth timing: no more than the padded sources, and the rows'
+    fp32 values within 128 registers a thread."""
+    return block_n <= next_pow2(n) and block_n * block_d <= warps * 32 * 128
 
 
 def sweep_forward_split() -> None:
@@ -214,7 +220,7 @@ def sweep_forward_split() -> None:
         fla = _fla_ms(v, q, w) if os.environ.get("TUNE_FLA", "1") == "1" else float("nan")
         best = (float("inf"), "")
         for block_n, warps, per_core in SPLIT_FWD_CONFIGS if base.block_n else []:
-            if block_n > next_pow2(n) or block_n * base.block_d > warps * 32 * 128:
+            if not _rows_fit(block_n, n, base.block_d, warps):
                 continue
             splits = split_count(target, tokens, -(-n // block_n), per_core)
             plan = dataclasses.replace(base, block_n=block_n, num_warps=warps, split=splits if splits > 1 else 0,
