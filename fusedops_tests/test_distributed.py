@@ -367,9 +367,10 @@ def _cp_case(rank, mesh):
        seed=st.integers(0, 2 ** 16))
 def test_context_parallel_ranges_hold_every_window(length, kernel, dilation, stride, causal, truncated, cuts, seed):
     """Each rank's extended range holds its queries' windows: the op on the slab's queries against the range's
-    keys (query_offset) equals the whole axis's op on those queries. No process group: the ranges alone."""
+    keys (query_offset) equals the whole axis's op on those queries; so does each part of a slab (slab_parts: they
+    cover it in order, the interior's keys its own rows). No process group: the ranges alone."""
     from fusedops.neighborhood_attention import reference
-    from fusedops.neighborhood_attention.context_parallel import slab_ranges
+    from fusedops.neighborhood_attention.context_parallel import slab_parts, slab_ranges
 
     window = "truncated" if truncated else "shifted"
     kernel = kernel | 1 if truncated else kernel
@@ -381,12 +382,20 @@ def test_context_parallel_ranges_hold_every_window(length, kernel, dilation, str
     q, k, v = (torch.randn(1, 1, length, 4, dtype=torch.float64) for _ in range(3))
     args = ([kernel], [dilation], [stride], [causal], 0.5, window)
     want, want_lse = reference.neighborhood_attention(q, k, v, *args)
-    for start, end, lo, hi in slab_ranges(lengths, kernel, dilation, stride, causal, window):
+    slabs = slab_ranges(lengths, kernel, dilation, stride, causal, window)
+    for (start, end, lo, hi), parts in zip(slabs, slab_parts(lengths, kernel, dilation, stride, causal, window)):
         assert lo <= start <= end <= hi and lo % (dilation * stride) == 0 and hi - lo >= kernel * dilation
-        got, got_lse = reference.neighborhood_attention(q[:, :, start:end], k[:, :, lo:hi], v[:, :, lo:hi], *args,
-                                                         [start - lo])
-        torch.testing.assert_close(got, want[:, :, start:end], rtol=0, atol=1e-12)
-        torch.testing.assert_close(got_lse, want_lse[:, :, start:end], rtol=0, atol=1e-12)
+        pieces = [(start, end, lo, hi)]
+        if parts is not None:
+            parts, interior = parts
+            assert [p[0] for p in parts] == [start] + [p[1] for p in parts[:-1]] and parts[-1][1] == end
+            assert start <= parts[interior][2] and parts[interior][3] == end
+            pieces += parts
+        for first, last, p_lo, p_hi in pieces:
+            got, got_lse = reference.neighborhood_attention(q[:, :, first:last], k[:, :, p_lo:p_hi],
+                                                             v[:, :, p_lo:p_hi], *args, [first - p_lo])
+            torch.testing.assert_close(got, want[:, :, first:last], rtol=0, atol=1e-12)
+            torch.testing.assert_close(got_lse, want_lse[:, :, first:last], rtol=0, atol=1e-12)
 
 
 def test_context_parallel_ranges_take_only_the_windows_reach():

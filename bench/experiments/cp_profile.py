@@ -1,6 +1,8 @@
 """Where context-parallel NA's time goes (issue 33): torchrun --nproc-per-node N -m bench.experiments.cp_profile.
 Profiles the forward and the forward+backward of each case on rank 1 (a middle slab): the GPU kernels by total
-time, and how much of the NCCL kernels' time ran while an attention kernel did; chrome traces in $OUT."""
+time, how much of the NCCL kernels' time ran while an attention kernel did, and the first step's kernels in time
+order; chrome traces in $OUT. CP_CASES="1D" (or "2D") picks the cases; CP_OVERLAP=0 profiles without the interior's
+attention under the exchange."""
 
 import os
 
@@ -33,13 +35,15 @@ def overlap(xs, ys) -> float:
 def main():
     import json
 
+    cp.OVERLAP = os.environ.get("CP_OVERLAP", "1") != "0"
     rank = int(os.environ["RANK"])
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group("nccl")
     world = dist.get_world_size()
     out_dir = os.environ.get("OUT", ".")
-    for name, shape, ks in (("1D 131072 w2048 H8", (1, 8, 131072, 128), 2048),
-                            ("2D 256x256 w80 H24", (1, 24, 256, 256, 128), (80, 80))):
+    cases = (("1D 131072 w2048 H8", (1, 8, 131072, 128), 2048),
+             ("2D 256x256 w80 H24", (1, 24, 256, 256, 128), (80, 80)))
+    for name, shape, ks in [c for c in cases if c[0].startswith(tuple(os.environ.get("CP_CASES", "1D 2D").split()))]:
         torch.manual_seed(0)
         q, k, v, g = (torch.randn(shape, device="cuda", dtype=torch.bfloat16).tensor_split(world, 2)[rank]
                       .contiguous().requires_grad_() for _ in range(4))
@@ -66,8 +70,15 @@ def main():
                 nccl = busy(events, lambda n: "nccl" in n.lower())
                 attn = busy(events, lambda n: n.startswith("na_"))
                 t_nccl, t_attn = sum(b - a for a, b in nccl), sum(b - a for a, b in attn)
-                print(f"\n{name} {mode} (rank {rank}, 3 steps): NCCL kernels {t_nccl / 3:.0f} us a "
-                      f"step, attention {t_attn / 3:.0f} us, NCCL under attention {overlap(nccl, attn) / 3:.0f} us")
+                gpu = busy(events, lambda n: True)
+                print(f"\n{name} {mode} (rank {rank}, 3 steps, overlap {cp.OVERLAP}): NCCL kernels "
+                      f"{t_nccl / 3:.0f} us a step, attention {t_attn / 3:.0f} us, NCCL under attention "
+                      f"{overlap(nccl, attn) / 3:.0f} us; GPU busy {sum(b - a for a, b in gpu) / 3:.0f} us a step over "
+                      f"{(gpu[-1][1] - gpu[0][0]) / 3:.0f}")
+                kernels = sorted((e["ts"], e["dur"], e["name"][:40]) for e in events if e.get("cat") == "kernel")
+                t0 = kernels[0][0]
+                for ts, dur, kname in kernels[:len(kernels) // 3]:  # the first step's kernels in time order
+                    print(f"  {ts - t0:9.1f} {dur:8.1f}  {kname}")
                 print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=10, max_name_column_width=60))
     dist.destroy_process_group()
 

@@ -9,6 +9,10 @@ computed). Every window lies inside the extended range, so none is cut or shifte
 multiple of dilation x stride so that stride groups (GNA) line up with the global ones: every local result
 equals the single-device op's. The backward sends the halo keys' gradients back to their owners, which add them.
 
+Where some of a slab's queries see only its own rows (slab_parts: a 1-D slab longer than the window), their
+attention runs while the halo rows are in flight, and the queries at the slab's edges after; the backward runs the
+edges first and the interior while their halo gradients travel.
+
 Per peer and direction, k's and v's rows travel as one tensor (one point-to-point transfer, not two). Where a row
 of the sharded axis is long (2-D and 3-D slabs sharded on their first axis), the extended k and v share one storage
 with the sharded axis outermost: each peer's rows are received in place, and the op reads them through their
@@ -35,6 +39,23 @@ from .reference import axis_leader, axis_window
 # Receive halo rows in place (extend) where a row of the sharded axis is at least this many contiguous elements: the
 # slab's copy into the extended storage then moves long runs (distributed run 5).
 IN_PLACE_MIN_ROW = 4096
+# Run the interior's attention while the halo rows are in flight where a slab has one (slab_parts); False: one op
+# after the exchange (the benchmark's comparison).
+OVERLAP = True
+
+
+def _grid_windows(first: int, last: int, queries: Tensor, kernel: int, dilation: int, stride: int, causal: bool,
+                  window: str) -> tuple[Tensor, Tensor, Tensor]:
+    """(lo, hi, leader) in axis positions of the windows of `queries` (axis positions in [first, last)) on the key grid
+    [first, last) of the axis, as the op places them on a key grid of that length: hi inclusive; leader the shifted
+    window's stride-group leader (the query itself for a truncated window)."""
+    i = queries - first
+    group, within = i % dilation, i // dilation
+    n = last - first
+    group_length = n // dilation + (group < n % dilation).long()
+    lo, hi = axis_window(within, group_length, kernel, stride, causal, window)
+    leader = axis_leader(within, group_length, stride, causal) if window == "shifted" else within
+    return tuple(x * dilation + group + first for x in (lo, hi, leader))
 
 
 @functools.lru_cache(maxsize=256)
@@ -49,20 +70,62 @@ def slab_ranges(lengths: tuple[int, ...], kernel: int, dilation: int, stride: in
     for n in lengths:
         first, last = start, start + n
         if n:
-            i = torch.arange(start, start + n)
-            group, within = i % dilation, i // dilation
-            group_length = total // dilation + (group < total % dilation).long()
-            lo, hi = axis_window(within, group_length, kernel, stride, causal, window)
-            if window == "shifted":
-                hi = torch.maximum(hi, axis_leader(within, group_length, stride, causal))
-            first = min(first, int((lo * dilation + group).min()))
-            last = max(last, int((hi * dilation + group).max()) + 1)
+            lo, hi, leader = _grid_windows(0, total, torch.arange(start, start + n), kernel, dilation, stride, causal,
+                                           window)
+            first = min(first, int(lo.min()))
+            last = max(last, int(torch.maximum(hi, leader).max()) + 1)
         if last - first < min_length:
             first = max(0, last - min_length)
         first = first // align * align
         out.append((start, start + n, first, max(last, min(total, first + min_length))))
         start += n
     return tuple(out)
+
+
+@functools.lru_cache(maxsize=256)
+def slab_parts(lengths: tuple[int, ...], kernel: int, dilation: int, stride: int, causal: bool, window: str
+               ) -> tuple[Optional[tuple[tuple[tuple[int, int, int, int], ...], int]], ...]:
+    """Per rank, its slab's queries in parts (start, end, lo, hi) in axis order and the index of the interior one, or
+    None where it has no interior part: the interior, the longest run of queries whose windows on the slab's own
+    rows as the key grid are their windows on the whole axis, and the queries before and after it with their
+    extended ranges (slab_ranges of the slab cut at the interior's ends).
+    The interior needs no halo: its attention runs while the halo rows are in flight (see _ContextParallel)."""
+    total, min_length = sum(lengths), kernel * dilation
+    out, start = [], 0
+    for rank, n in enumerate(lengths):
+        end = start + n
+        run = None
+        if n >= max(min_length, 1):
+            queries = torch.arange(start, end)
+            inside = torch.ones(n, dtype=torch.bool)
+            for want, got in zip(_grid_windows(0, total, queries, kernel, dilation, stride, causal, window),
+                                 _grid_windows(start, end, queries, kernel, dilation, stride, causal, window)):
+                inside &= want == got
+            run = _longest_run(inside)
+        if run is None:
+            out.append(None)
+        else:
+            a, b = start + run[0], start + run[1]
+            cut = tuple(m for m in (a - start, b - a, end - b) if m)
+            ranges = slab_ranges(lengths[:rank] + cut + lengths[rank + 1:], kernel, dilation, stride, causal, window)
+            parts = tuple((first, last, start, end) if first == a else (first, last, lo, hi)
+                          for first, last, lo, hi in ranges if start <= first < end)
+            out.append((parts, [p[0] for p in parts].index(a)))
+        start = end
+    return tuple(out)
+
+
+def _longest_run(mask: Tensor) -> Optional[tuple[int, int]]:
+    """[a, b) of the longest run of True in a 1-D mask (the first of equals), or None."""
+    best, a = None, None
+    for i, m in enumerate(mask.tolist() + [False]):
+        if m and a is None:
+            a = i
+        elif not m and a is not None:
+            if best is None or i - a > best[1] - best[0]:
+                best = (a, i)
+            a = None
+    return best
 
 
 def rank_ranges(lengths: Sequence[int], axis: int, ks: list, dil: list, st: list, causal: list, window: str
@@ -86,12 +149,14 @@ def _packs(xs: Sequence[Tensor]) -> list[list[int]]:
     return [list(range(len(xs)))] if all(x.shape == xs[0].shape for x in xs) else [[j] for j in range(len(xs))]
 
 
-def extend(xs: Sequence[Tensor], dim: int, rank: int, ranges, group) -> list[Tensor]:
+def extend(xs: Sequence[Tensor], dim: int, rank: int, ranges, group, wait: bool = True, slab: bool = True):
     """Each x's extended slab [lo, hi) along `dim`: x's rows, and the halo rows from the ranks that own them
     (point-to-point; on GPUs the current stream waits for them, the host does not). Where a row of `dim` is at
     least IN_PLACE_MIN_ROW contiguous elements, a pack's extended slabs share one storage with `dim` outermost and
     the pack's tensors next, so the rows from a peer are received in place (one contiguous block); else each is a
-    plain tensor and the received rows are copied in."""
+    plain tensor and the received rows are copied in. Every rank takes the same layout: it is the messages' too.
+    wait=False: (exts, pending), the halo rows in flight until `finish(pending, exts, lo, dim)`. slab=False: x's
+    own rows are not copied in (the caller copies those it needs)."""
     start, end, lo, hi = ranges[rank]
     in_place = math.prod(xs[0].shape[dim + 1:]) >= IN_PLACE_MIN_ROW
     exts: list = [None] * len(xs)
@@ -105,72 +170,167 @@ def extend(xs: Sequence[Tensor], dim: int, rank: int, ranges, group) -> list[Ten
             shape[dim] = hi - lo
         for slot, j in enumerate(pack):
             exts[j] = stores[-1][:, slot].movedim(0, dim) if in_place else xs[j].new_empty(shape)
-            exts[j].narrow(dim, start - lo, end - start).copy_(xs[j])
-    _exchange(list(xs), exts, dim, rank, ranges, group, backward=False, stores=stores if in_place else None)
+            if slab:
+                exts[j].narrow(dim, start - lo, end - start).copy_(xs[j])
+    pending = _start_exchange(xs, lambda j, a, b: xs[j].narrow(dim, a - start, b - a), dim, rank, ranges, group,
+                              backward=False, stores=stores if in_place else None)
+    if not wait:
+        return exts, pending
+    finish(pending, exts, lo, dim)
     return exts
 
 
-def _exchange(local: list, ext: list, dim: int, rank: int, ranges, group, backward: bool, stores=None) -> None:
-    """Forward: receive into each extended slab the rows of [lo, hi) other ranks own (in place, into `stores`,
-    when given: see extend) and send them the rows of the local slabs their ranges need. Backward: the reverse,
-    adding what comes back into the local slabs."""
+def _start_exchange(like: Sequence[Tensor], rows_of, dim: int, rank: int, ranges, group, backward: bool,
+                    stores=None) -> tuple[list, list]:
+    """Start a halo exchange of tensors shaped as `like` (the local slabs) and return (requests, landed) for `finish`.
+    Forward: receive the rows of [lo, hi) other ranks own (in place, into `stores`, when given: see extend) and send
+    them the rows of the local slabs their ranges need. Backward: the reverse, the halo rows' gradients going back
+    to their owners. rows_of(j, a, b): the rows [a, b) (axis positions) of tensor j that go out."""
     start, end, lo, hi = ranges[rank]
     ops, landed = [], []
     for peer, mine, theirs in _peers(rank, ranges, group):
         outgoing, incoming = (theirs, mine) if backward else (mine, theirs)
-        source, base = (ext, lo) if backward else (local, start)
-        for p, pack in enumerate(_packs(local)):
+        for p, pack in enumerate(_packs(like)):
             if outgoing[1] > outgoing[0]:
-                rows = [source[j].narrow(dim, outgoing[0] - base, outgoing[1] - outgoing[0]) for j in pack]
+                rows = [rows_of(j, *outgoing) for j in pack]
                 rows = torch.stack([r.movedim(dim, 0) for r in rows], 1) if stores else torch.stack(rows)
                 ops.append(dist.P2POp(dist.isend, rows, peer, group))
             if incoming[1] > incoming[0] and stores:
                 ops.append(dist.P2POp(dist.irecv, stores[p].narrow(0, incoming[0] - lo, incoming[1] - incoming[0]),
                                       peer, group))
             elif incoming[1] > incoming[0]:
-                shape = list(local[pack[0]].shape)
+                shape = list(like[pack[0]].shape)
                 shape[dim] = incoming[1] - incoming[0]
-                buf = local[pack[0]].new_empty([len(pack)] + shape)
+                buf = like[pack[0]].new_empty([len(pack)] + shape)
                 ops.append(dist.P2POp(dist.irecv, buf, peer, group))
                 landed.extend((j, incoming[0], buf[slot]) for slot, j in enumerate(pack))
-    for request in dist.batch_isend_irecv(ops) if ops else []:
+    return (dist.batch_isend_irecv(ops) if ops else []), landed
+
+
+def finish(pending: tuple[list, list], into: Sequence[Tensor], base: int, dim: int, add: bool = False) -> None:
+    """Complete an exchange started by _start_exchange (on GPUs the current stream waits, not the host; again: no
+    effect): rows not received in place are copied into (forward) or added to (add: backward) `into`, whose row 0 is
+    axis position `base`."""
+    requests, landed = pending
+    for request in requests:
         request.wait()
     for j, first, rows in landed:
-        if backward:
-            local[j].narrow(dim, first - start, rows.shape[dim]).add_(rows)
-        else:
-            ext[j].narrow(dim, first - lo, rows.shape[dim]).copy_(rows)
+        target = into[j].narrow(dim, first - base, rows.shape[dim])
+        target.add_(rows) if add else target.copy_(rows)
+    requests.clear()
+    landed.clear()
+
+
+def _sum_rows(grads: list, like: Tensor, dim: int, a: int, b: int) -> Tensor:
+    """Rows [a, b) (axis positions) of the sum of gradients given as (first row, tensor), shaped as `like` along the
+    other dims; zeros where none reaches (a halo row only the range's alignment took in)."""
+    shape = list(like.shape)
+    shape[dim] = b - a
+    out = like.new_zeros(shape)
+    for first, g in grads:
+        s, e = max(a, first), min(b, first + g.shape[dim])
+        if e > s:
+            out.narrow(dim, s - a, e - s).add_(g.narrow(dim, s - first, e - s))
+    return out
+
+
+def _axis_offset(q: Tensor, dim: int, offset: int) -> list[int]:
+    """query_offset placing q's box `offset` rows into the key grid along `dim`."""
+    out = [0] * (q.dim() - 3)
+    out[dim - 2] = offset
+    return out
 
 
 class _ContextParallel(torch.autograd.Function):
-    """The rank's queries against the extended k and v, one op; its backward one op too, whose halo key
-    gradients go back to their owners."""
+    """The rank's queries against the extended k and v; the backward's halo key gradients go back to their owners.
+    Without parts (slab_parts: no query's window fits the slab's own rows), one op each way after the exchange.
+    With parts, the interior's op runs on the local rows while the halo rows are in flight, then the edge parts'
+    ops on their ranges of the extended k and v (the received rows and the slab's rows they need); the backward runs
+    the edge parts first, sends their halo gradients, and runs the interior while they travel."""
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, dim: int, rank: int, ranges, group, window_args: tuple):
-        k_ext, v_ext = extend((k, v), dim, rank, ranges, group)
-        offset = [0] * (q.dim() - 3)
-        offset[dim - 2] = ranges[rank][0] - ranges[rank][2]  # the slab's first row in the extended one
-        out, lse = neighborhood_attention(q, k_ext, v_ext, *window_args, return_lse=True, query_offset=offset)
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, dim: int, rank: int, ranges, parts, group, window_args: tuple):
+        start, end, lo, hi = ranges[rank]
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(q, k_ext, v_ext, out, lse)
-        ctx.dim, ctx.rank, ctx.ranges, ctx.group = dim, rank, ranges, group
-        ctx.window_args, ctx.offset = window_args, offset
-        return out, lse
+        ctx.dim, ctx.rank, ctx.ranges, ctx.parts, ctx.group = dim, rank, ranges, parts, group
+        ctx.window_args = window_args
+        if parts is None:
+            k_ext, v_ext = extend((k, v), dim, rank, ranges, group)
+            out, lse = neighborhood_attention(q, k_ext, v_ext, *window_args, return_lse=True,
+                                              query_offset=_axis_offset(q, dim, start - lo))
+            ctx.save_for_backward(q, k_ext, v_ext, out, lse)
+            return out, lse
+        parts, interior = parts
+        # the halo rows land in extended slabs without the slab's rows; each edge part's keys are a range of them,
+        # its slab rows copied in
+        (k_ext, v_ext), pending = extend((k, v), dim, rank, ranges, group, wait=False, slab=False)
+        results, keys = [None] * len(parts), [(k, v)] * len(parts)  # the interior's key grid is the slab itself
+        for p in [interior] + [p for p in range(len(parts)) if p != interior]:
+            first, last, p_lo, p_hi = parts[p]
+            if p != interior:
+                finish(pending, (k_ext, v_ext), lo, dim)
+                a, b = max(start, p_lo), min(end, p_hi)
+                for x, ext in ((k, k_ext), (v, v_ext)):
+                    ext.narrow(dim, a - lo, b - a).copy_(x.narrow(dim, a - start, b - a))
+                keys[p] = tuple(x.narrow(dim, p_lo - lo, p_hi - p_lo) for x in (k_ext, v_ext))
+            results[p] = neighborhood_attention(q.narrow(dim, first - start, last - first), *keys[p], *window_args,
+                                                return_lse=True, query_offset=_axis_offset(q, dim, first - p_lo))
+        finish(pending, (k_ext, v_ext), lo, dim)
+        outs, lses = zip(*results)
+        edge_keys = [x for p in range(len(parts)) if p != interior for x in keys[p]]
+        ctx.save_for_backward(q, k, v, *edge_keys, *outs, *lses)
+        return torch.cat(outs, dim), torch.cat(lses, dim)
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
-        q, k_ext, v_ext, out, lse = ctx.saved_tensors
-        dim, rank, ranges = ctx.dim, ctx.rank, ctx.ranges
-        start, end, lo, _ = ranges[rank]
+        dim, rank, ranges, group = ctx.dim, ctx.rank, ctx.ranges, ctx.group
+        start, end, lo, hi = ranges[rank]
+        if ctx.parts is None:
+            q, k_ext, v_ext, out, lse = ctx.saved_tensors
+            if grad_out is None:
+                grad_out = torch.zeros_like(out)
+            dq, dk_ext, dv_ext = neighborhood_attention_backward_op(
+                grad_out, grad_lse, q, k_ext, v_ext, out, lse, *ctx.window_args, _axis_offset(q, dim, start - lo))
+            dk, dv = (g.narrow(dim, start - lo, end - start).clone(memory_format=torch.contiguous_format)
+                      for g in (dk_ext, dv_ext))
+            pending = _start_exchange((dk, dv), lambda j, a, b: (dk_ext, dv_ext)[j].narrow(dim, a - lo, b - a), dim,
+                                      rank, ranges, group, backward=True)
+            finish(pending, (dk, dv), start, dim, add=True)
+            return dq, dk, dv, None, None, None, None, None, None
+        parts, interior = ctx.parts
+        q, k, v, *saved = ctx.saved_tensors
+        n = 2 * (len(parts) - 1)  # k's and v's rows of each edge part, then each part's out and lse
+        edge_keys, outs, lses = saved[:n], saved[n:n + len(parts)], saved[n + len(parts):]
+        keys = [(k, v)] * len(parts)
+        for i, p in enumerate(p for p in range(len(parts)) if p != interior):
+            keys[p] = edge_keys[2 * i:2 * i + 2]
         if grad_out is None:
-            grad_out = torch.zeros_like(out)
-        dq, dk_ext, dv_ext = neighborhood_attention_backward_op(
-            grad_out, grad_lse, q, k_ext, v_ext, out, lse, *ctx.window_args, ctx.offset)
-        dk, dv = (g.narrow(dim, start - lo, end - start).clone(memory_format=torch.contiguous_format)
-                  for g in (dk_ext, dv_ext))
-        _exchange([dk, dv], [dk_ext, dv_ext], dim, rank, ranges, ctx.group, backward=True)
-        return dq, dk, dv, None, None, None, None, None
+            grad_out = q.new_zeros((*q.shape[:-1], v.shape[-1]))
+        dqs, grads = [None] * len(parts), [None] * len(parts)
+        # the edge parts first, so that their halo gradients travel while the interior's backward runs
+        for p in [p for p in range(len(parts)) if p != interior] + [interior]:
+            if p == interior:
+                edges = [(parts[e][2], grads[e]) for e in range(len(parts)) if e != interior]
+                pending = _start_exchange((k, v), lambda j, a, b: _sum_rows([(f, g[j]) for f, g in edges],
+                                                                            (k, v)[j], dim, a, b),
+                                          dim, rank, ranges, group, backward=True)
+            first, last, p_lo, p_hi = parts[p]
+            rows = (dim, first - start, last - first)
+            dqs[p], *grads[p] = neighborhood_attention_backward_op(
+                grad_out.narrow(*rows), None if grad_lse is None else grad_lse.narrow(*rows), q.narrow(*rows),
+                *keys[p], outs[p], lses[p], *ctx.window_args, _axis_offset(q, dim, first - p_lo))
+        # this slab's key gradients: the interior's (its key grid is the slab), each edge part's local rows, then
+        # what the peers send
+        dk, dv = grads[interior]
+        for e in range(len(parts)):
+            if e != interior:
+                e_lo = parts[e][2]
+                for acc, g in zip((dk, dv), grads[e]):
+                    s, t = max(start, e_lo), min(end, e_lo + g.shape[dim])
+                    if t > s:
+                        acc.narrow(dim, s - start, t - s).add_(g.narrow(dim, s - e_lo, t - s))
+        finish(pending, (dk, dv), start, dim, add=True)
+        return torch.cat(dqs, dim), dk, dv, None, None, None, None, None, None
 
 
 def context_parallel_neighborhood_attention(
@@ -198,7 +358,10 @@ def context_parallel_neighborhood_attention(
                              f"{tuple(t.shape)}")
     ks, dil, st, causal = check_window_args(ndim, kernel_size, dilation, stride, is_causal, window)
     ranges = rank_ranges(lengths, axis, ks, dil, st, causal, window)
-    out, lse = _ContextParallel.apply(q, k, v, 2 + axis, rank, ranges, group, (ks, dil, st, causal, scale, window))
+    parts = slab_parts(tuple(lengths), ks[axis], dil[axis], st[axis], bool(causal[axis]), window)[rank] if OVERLAP \
+        else None
+    out, lse = _ContextParallel.apply(q, k, v, 2 + axis, rank, ranges, parts, group,
+                                      (ks, dil, st, causal, scale, window))
     return (out, lse) if return_lse else out
 
 
