@@ -9,9 +9,9 @@ computed). Every window lies inside the extended range, so none is cut or shifte
 multiple of dilation x stride so that stride groups (GNA) line up with the global ones: every local result
 equals the single-device op's. The backward sends the halo keys' gradients back to their owners, which add them.
 
-Where some of a slab's queries see only its own rows (slab_parts: a 1-D slab longer than the window), their
-attention runs while the halo rows are in flight, and the queries at the slab's edges after; the backward runs the
-edges first and the interior while their halo gradients travel.
+With OVERLAP on, where some of a slab's queries see only its own rows (slab_parts: a 1-D slab longer than the
+window), their attention runs while the halo rows are in flight, and the queries at the slab's edges after; the
+backward runs the edges first and the interior while their halo gradients travel.
 
 Per peer and direction, k's and v's rows travel as one tensor (one point-to-point transfer, not two). Where a row
 of the sharded axis is long (2-D and 3-D slabs sharded on their first axis), the extended k and v share one storage
@@ -39,9 +39,12 @@ from .reference import axis_leader, axis_window
 # Receive halo rows in place (extend) where a row of the sharded axis is at least this many contiguous elements: the
 # slab's copy into the extended storage then moves long runs (distributed run 5).
 IN_PLACE_MIN_ROW = 4096
-# Run the interior's attention while the halo rows are in flight where a slab has one (slab_parts); False: one op
-# after the exchange (the benchmark's comparison).
-OVERLAP = True
+# True: where a slab has an interior (slab_parts), run its attention while the halo rows are in flight and the edges'
+# after, and the backward likewise (three ops each way instead of one, no copy of the slab into the extended one).
+# Off by default (distributed run 6, H200, 1-D 128K tokens, window 2048): on 2 ranks it gains (fwd 1.66 vs 1.93 ms,
+# fwd+bwd 6.56 vs 6.90), on 4 it loses (1.56 vs 1.05, 3.85 vs 3.64): the exchange holds every rank to the slowest
+# one's host, and the extra ops' host time no longer hides behind a slab's shorter attention.
+OVERLAP = False
 
 
 def _grid_windows(first: int, last: int, queries: Tensor, kernel: int, dilation: int, stride: int, causal: bool,
