@@ -211,15 +211,18 @@ def _start_exchange(like: Sequence[Tensor], rows_of, dim: int, rank: int, ranges
 
 
 def finish(pending: tuple[list, list], into: Sequence[Tensor], base: int, dim: int, add: bool = False) -> None:
-    """Complete an exchange started by _start_exchange (on GPUs the current stream waits, not the host; again: no
-    effect): rows not received in place are copied into (forward) or added to (add: backward) `into`, whose row 0 is
-    axis position `base`."""
+    """Complete an exchange started by _start_exchange (on GPUs the current stream waits, not the host; a second call
+    does nothing): rows not received in place are copied into (forward) or added to (add: backward) `into`, whose
+    row 0 is axis position `base`."""
     requests, landed = pending
     for request in requests:
         request.wait()
     for j, first, rows in landed:
         target = into[j].narrow(dim, first - base, rows.shape[dim])
-        target.add_(rows) if add else target.copy_(rows)
+        if add:
+            target.add_(rows)
+        else:
+            target.copy_(rows)
     requests.clear()
     landed.clear()
 
@@ -272,7 +275,7 @@ class _ContextParallel(torch.autograd.Function):
             first, last, p_lo, p_hi = parts[p]
             if p != interior:
                 finish(pending, (k_ext, v_ext), lo, dim)
-                a, b = max(start, p_lo), min(end, p_hi)
+                a, b = max(start, p_lo), min(end, p_hi)  # (a window holds its query: never empty)
                 for x, ext in ((k, k_ext), (v, v_ext)):
                     ext.narrow(dim, a - lo, b - a).copy_(x.narrow(dim, a - start, b - a))
                 keys[p] = tuple(x.narrow(dim, p_lo - lo, p_hi - p_lo) for x in (k_ext, v_ext))
