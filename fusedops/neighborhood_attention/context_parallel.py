@@ -227,17 +227,23 @@ def finish(pending: tuple[list, list], into: Sequence[Tensor], base: int, dim: i
     landed.clear()
 
 
+def _add_rows(into: Tensor, base: int, grads: list, dim: int) -> Tensor:
+    """`into` (axis positions base, base + 1, ... along `dim`) plus, in place, the rows of each gradient given as
+    (first row, tensor) that fall in its range."""
+    last = base + into.shape[dim]
+    for first, g in grads:
+        s, e = max(base, first), min(last, first + g.shape[dim])
+        if e > s:
+            into.narrow(dim, s - base, e - s).add_(g.narrow(dim, s - first, e - s))
+    return into
+
+
 def _sum_rows(grads: list, like: Tensor, dim: int, a: int, b: int) -> Tensor:
     """Rows [a, b) (axis positions) of the sum of gradients given as (first row, tensor), shaped as `like` along the
     other dims; zeros where none reaches (a halo row only the range's alignment took in)."""
     shape = list(like.shape)
     shape[dim] = b - a
-    out = like.new_zeros(shape)
-    for first, g in grads:
-        s, e = max(a, first), min(b, first + g.shape[dim])
-        if e > s:
-            out.narrow(dim, s - a, e - s).add_(g.narrow(dim, s - first, e - s))
-    return out
+    return _add_rows(like.new_zeros(shape), a, grads, dim)
 
 
 def _axis_offset(q: Tensor, dim: int, offset: int) -> list[int]:
@@ -327,14 +333,7 @@ class _ContextParallel(torch.autograd.Function):
                 *keys[p], outs[p], lses[p], *ctx.window_args, _axis_offset(q, dim, first - p_lo))
         # this slab's key gradients: the interior's (its key grid is the slab), each edge part's local rows, then
         # what the peers send
-        dk, dv = grads[interior]
-        for e in range(len(parts)):
-            if e != interior:
-                e_lo = parts[e][2]
-                for acc, g in zip((dk, dv), grads[e]):
-                    s, t = max(start, e_lo), min(end, e_lo + g.shape[dim])
-                    if t > s:
-                        acc.narrow(dim, s - start, t - s).add_(g.narrow(dim, s - e_lo, t - s))
+        dk, dv = (_add_rows(g, start, [(f, e[j]) for f, e in edges], dim) for j, g in enumerate(grads[interior]))
         finish(pending, (dk, dv), start, dim, add=True)
         return torch.cat(dqs, dim), dk, dv, None, None, None, None, None, None
 
