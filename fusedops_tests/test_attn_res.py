@@ -228,29 +228,33 @@ def test_one_pass_backward_matches_einsum(path, case):
     check_case(case, path, kernels="no-depth-tile")
 
 
-def group_rows(rows: int, tokens_per_program: int, constant_dim: bool, split_per_core: int = 0) -> list:
+def group_rows(rows: int, tokens_per_program: int, constant_dim: bool, split_per_core: int = 0,
+               prefetch: bool = False) -> list:
     """Table rows planning the depth-tile forward in groups of `rows` source rows, on every vendor."""
     params = dict(group_rows=rows, num_warps=4, tokens_per_program=tokens_per_program, programs_per_core=2,
-                  constant_dim=constant_dim, split_per_core=split_per_core)
+                  constant_dim=constant_dim, split_per_core=split_per_core, prefetch=prefetch)
     return [{"kernel": "fwd_depth", "vendor": vendor, "arch": "*", "when": {}, "params": params, "run": "test"}
             for vendor in ("cuda", "ascend")]
 
 
 @pytest.mark.parametrize("path", KERNEL_PATHS)
-@pytest.mark.parametrize(("rows", "tokens_per_program", "constant_dim", "split_per_core"),
-                         [(1, 0, False, 0), (2, 1, True, 0), (4, 3, True, 0), (2, 0, True, 6), (1, 1, False, 16)])
+@pytest.mark.parametrize(("rows", "tokens_per_program", "constant_dim", "split_per_core", "prefetch"),
+                         [(1, 0, False, 0, True), (2, 1, True, 0, True), (4, 3, True, 0, False), (2, 0, True, 6, True),
+                          (1, 1, False, 16, False)])
 @settings(max_examples=8)
 @given(case=attn_res_cases(max_n=11, max_dim=130))
-def test_forward_in_row_groups_matches_einsum(path, rows, tokens_per_program, constant_dim, split_per_core, case):
+def test_forward_in_row_groups_matches_einsum(path, rows, tokens_per_program, constant_dim, split_per_core, prefetch,
+                                              case):
     """The depth-tile forward with fewer rows a step than N (an online softmax across the groups), from a
-    table row: one or several tokens a program or a persistent grid, D constant or not; with split_per_core,
-    few tokens split their groups over programs (segments past the last group included) and a merge folds them."""
+    table row: one or several tokens a program or a persistent grid, D constant or not, each group's rows loaded
+    a step ahead or not; with split_per_core, few tokens split their groups over programs (segments past the last
+    group included) and a merge folds them."""
     from fusedops.plans import candidate_rows
 
     n, batch = case[0], case[1]
     assume(n > rows)
     tokens = math.prod(batch)
-    with candidate_rows("attn_res", group_rows(rows, tokens_per_program, constant_dim, split_per_core)):
+    with candidate_rows("attn_res", group_rows(rows, tokens_per_program, constant_dim, split_per_core, prefetch)):
         values, query, weight, eps, _ = build_inputs(case)
         with execution_path(path):
             target = ar_op.target_for(values.device, values.dtype)
@@ -261,7 +265,7 @@ def test_forward_in_row_groups_matches_einsum(path, rows, tokens_per_program, co
         assert (plan.split, plan.tokens_per_program, plan.grid) == (splits, 1, tokens * splits)
     else:
         assert plan.split == 0 and plan.tokens_per_program == tokens_per_program
-    assert (plan.block_n, plan.constant_dim) == (rows, constant_dim)
+    assert (plan.block_n, plan.constant_dim, plan.prefetch) == (rows, constant_dim, prefetch)
     ref_out, ref_lse = einsum_attn_res(values, query, weight, eps, return_lse=True)
     assert_close("out", out, ref_out, values.dtype)
     assert_close("lse", lse, ref_lse, torch.float32)
@@ -826,8 +830,10 @@ def test_cuda_forward_takes_the_depth_tile_where_measured_faster(n, dim, depth_t
         assert (plan.grid == 8192) == (tile <= 4096)
 
 
-H200_GROUPS = {1024: (2, 1), 2048: (4, 1), 3072: (2, 1), 4096: (4, 1), 6144: (2, 0), 7168: (2, 0), 8192: (4, 0),
-               12288: (2, 0), 16384: (2, 0)}
+# D: (rows a group, tokens a program (0: 4 programs per SM), the next group's rows loaded ahead)
+H200_GROUPS = {1024: (2, 1, True), 1536: (2, 1, True), 2048: (2, 1, True), 2304: (2, 1, True), 3072: (2, 1, True),
+               3584: (2, 1, False), 4096: (4, 1, False), 5120: (2, 0, True), 6144: (2, 0, False), 7168: (2, 0, False),
+               8192: (4, 0, False), 12288: (2, 0, False), 16384: (2, 0, False)}
 
 
 @pytest.mark.parametrize("arch", ["sm90-h200", "sm90", "sm80"])
@@ -837,15 +843,16 @@ def test_cuda_forward_takes_row_groups_by_width(arch, n, dim):
     """The H200 sweep (bench/NOTES.md, attn_res run 12), the same rows timed on the H100 and taken for unseen
     GPUs: 16-bit values of every width up to 16K take the depth tile in groups of 2-4 rows, D a compile-time
     constant; one program per token up to D = 4096, else a persistent grid of 4 programs per SM; a group holds
-    at most 128 fp32 row elements per thread. fp32 values and wider rows keep the older rules (run 11), as does
-    the interpreter."""
+    at most 128 fp32 row elements per thread; the next group's rows loaded ahead up to D = 3072 and at D 4097-5120
+    (run 16). fp32 values and wider rows keep the older rules (run 11), as does the interpreter."""
     from fusedops.attn_res.op import forward_plan
 
     interpreter = cuda_target(interpreted=True)
     gpu = dataclasses.replace(interpreter, arch=arch, vector_cores=132, interpreted=False)
     plan = forward_plan(gpu, 8192, n, dim, 2)
-    rows, per_program = H200_GROUPS[dim]
+    rows, per_program, prefetch = H200_GROUPS[dim]
     assert (plan.block_n, plan.tokens_per_program, plan.constant_dim) == (min(rows, n), per_program, True)
+    assert plan.prefetch == prefetch
     assert plan.grid == (8192 if per_program else 4 * 132)
     assert plan.block_n * plan.block_d <= 128 * 32 * plan.num_warps
     assert not forward_plan(gpu, 8192, n, dim, 4).tokens_per_program
@@ -934,17 +941,19 @@ def test_gpu_forward_split_over_programs(n, tokens, dim):
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize(("n", "dim"), [(9, 3072), (8, 7168), (24, 6144), (4, 12288), (6, 1024), (3, 8192)])
-@pytest.mark.parametrize(("rows", "tokens_per_program", "constant_dim"), [(2, 1, True), (4, 0, True), (1, 0, False)])
-def test_gpu_forward_in_row_groups(n, dim, rows, tokens_per_program, constant_dim):
+@pytest.mark.parametrize(("rows", "tokens_per_program", "constant_dim", "prefetch"),
+                         [(2, 1, True, True), (4, 0, True, False), (1, 0, False, True)])
+def test_gpu_forward_in_row_groups(n, dim, rows, tokens_per_program, constant_dim, prefetch):
     """The depth-tile forward in row groups at model widths (the H200 table's plans and their neighbours),
-    from table rows of this GPU's arch, against the float64 definition; bitwise equal run to run."""
+    from table rows of this GPU's arch, each group's rows loaded a step ahead or not, against the float64
+    definition; bitwise equal run to run."""
     from fusedops.attn_res.op import forward_plan
     from fusedops.attn_res.plan import next_pow2
     from fusedops.plans import candidate_rows
 
     target = cuda_target(torch.device("cuda"))
     params = dict(group_rows=rows, num_warps=4 if rows * dim <= 16384 else 8, tokens_per_program=tokens_per_program,
-                  programs_per_core=4, constant_dim=constant_dim)
+                  programs_per_core=4, constant_dim=constant_dim, prefetch=prefetch)
     when = {"interpreted": False, "dtype": "16", "dim": [1, None]}  # as specific as the table's rows: ties go to it
     row = {"kernel": "fwd_depth", "vendor": "cuda", "arch": target.arch or "*", "when": when, "params": params,
            "run": "test"}
@@ -960,7 +969,8 @@ def test_gpu_forward_in_row_groups(n, dim, rows, tokens_per_program, constant_di
     if block_n * next_pow2(dim) * 6 > target.onchip_bytes:  # a group must fit on chip (fp32 + bf16 a element)
         assert plan.block_n == 0
     else:
-        assert (plan.block_n, plan.tokens_per_program, plan.constant_dim) == (block_n, tokens_per_program, constant_dim)
+        assert (plan.block_n, plan.tokens_per_program, plan.constant_dim, plan.prefetch) == (
+            block_n, tokens_per_program, constant_dim, prefetch)
     ref_out, ref_lse = einsum_attn_res(values, query, weight, 1e-6, return_lse=True)
     assert_close("out", out, ref_out, torch.bfloat16)
     assert_close("lse", lse, ref_lse, torch.float32)

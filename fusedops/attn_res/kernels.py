@@ -164,16 +164,25 @@ def _depth_tile(N, D, STRIDE_N, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
 
 @triton.jit
 def _depth_tile_softmax(rows, u, N, D, STRIDE_N, eps, d_mask, n, first, step, ACC: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PREFETCH: tl.constexpr):
     """(m [1], denom [1], acc [BLOCK_D]) of the online softmax over the groups of BLOCK_N source rows that start at
-    rows first, first + step, ... (step a multiple of BLOCK_N) of the token whose row 0 is at `rows`."""
+    rows first, first + step, ... (step a multiple of BLOCK_N) of the token whose row 0 is at `rows`. PREFETCH:
+    each group's rows are loaded one step ahead, while the group before is summed (two groups live)."""
     m = tl.full([1], float("-inf"), ACC)
     denom = tl.zeros([1], ACC)
     acc = tl.zeros([BLOCK_D], ACC)
     rows += tl.cast(STRIDE_N, tl.int64) * first
+    if PREFETCH:
+        x_next = tl.load(rows, mask=(n < N - first)[:, None] & d_mask[None, :], other=0.0)
     for n0 in range(first, N, step):
         in_group = n < N - n0
-        x = tl.load(rows, mask=in_group[:, None] & d_mask[None, :], other=0.0).to(ACC)
+        if PREFETCH:
+            x = x_next.to(ACC)
+            rows += tl.cast(STRIDE_N, tl.int64) * step
+            x_next = tl.load(rows, mask=(n < N - n0 - step)[:, None] & d_mask[None, :], other=0.0)
+        else:
+            x = tl.load(rows, mask=in_group[:, None] & d_mask[None, :], other=0.0).to(ACC)
+            rows += tl.cast(STRIDE_N, tl.int64) * step
         s = tl.where(in_group, _row_logit(x, u, D, eps)[0], float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=0))
         ref = _finite_or_zero(m_new)
@@ -182,15 +191,15 @@ def _depth_tile_softmax(rows, u, N, D, STRIDE_N, eps, d_mask, n, first, step, AC
         denom = denom * rescale + tl.sum(p, axis=0)
         acc = acc * rescale + tl.sum(p[:, None] * x, axis=0)
         m = m_new
-        rows += tl.cast(STRIDE_N, tl.int64) * step
     return m, denom, acc
 
 
 @triton.jit
 def _depth_tile_token(t, rows, u, out_ptr, lse_ptr, N, D, STRIDE_N, eps, d, d_mask, n, ACC: tl.constexpr,
-                      BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                      BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PREFETCH: tl.constexpr):
     """attn_res_fwd_depth_tile_kernel's work for token t ([1]) whose first source row starts at `rows`."""
-    m, denom, acc = _depth_tile_softmax(rows, u, N, D, STRIDE_N, eps, d_mask, n, 0, BLOCK_N, ACC, BLOCK_N, BLOCK_D)
+    m, denom, acc = _depth_tile_softmax(rows, u, N, D, STRIDE_N, eps, d_mask, n, 0, BLOCK_N, ACC, BLOCK_N, BLOCK_D,
+                                        PREFETCH)
     tl.store(out_ptr + (t * D)[:, None] + d[None, :], (acc / denom)[None, :].to(out_ptr.dtype.element_ty),
              mask=d_mask[None, :])
     tl.store(lse_ptr + t, m + tl.log(denom))
@@ -201,13 +210,14 @@ def attn_res_fwd_depth_tile_kernel(
     v_ptr, q_ptr, w_ptr, out_ptr, lse_ptr, part_ptr,
     N, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, eps, splits,
     HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, F64: tl.constexpr,
-    DIM: tl.constexpr = 0, TOKENS: tl.constexpr = 0, SPLIT: tl.constexpr = False,
+    DIM: tl.constexpr = 0, TOKENS: tl.constexpr = 0, SPLIT: tl.constexpr = False, PREFETCH: tl.constexpr = False,
 ):
     """attn_res_fwd_kernel's out and lse with BLOCK_N source rows of one token loaded at once
     ([BLOCK_N, BLOCK_D]): every row's load of a group is in flight together. BLOCK_N >= N: one group and a
     plain softmax over depth; else an online softmax across groups of BLOCK_N rows.
     TOKENS > 0: program pid takes tokens pid * TOKENS ... + TOKENS - 1 (grid = cdiv(T, TOKENS)); 0: tokens
-    pid, pid + grid, ... DIM > 0: D as a compile-time constant (D == DIM).
+    pid, pid + grid, ... DIM > 0: D as a compile-time constant (D == DIM). PREFETCH: a group's rows are loaded
+    while the group before it is summed.
     SPLIT: a token's groups are split over `splits` programs (grid = T * splits; program pid takes token
     pid // splits and its groups pid % splits, + splits, ...), each writing its acc to part_ptr ([splits, T, D]
     ACC) and its (m, denom) after them ([splits, T, 2]) for attn_res_fwd_merge_kernel; out and lse are not
@@ -225,7 +235,7 @@ def attn_res_fwd_depth_tile_kernel(
         t = token + tl.arange(0, 1).to(tl.int64)
         rows = v_ptr + _token_rows(t, S1, S2, ST0, ST1, ST2)[:, None] + src
         m, denom, acc = _depth_tile_softmax(rows, u, N, D, STRIDE_N, eps, d_mask, n, segment * BLOCK_N,
-                                            splits * BLOCK_N, ACC, BLOCK_N, BLOCK_D)
+                                            splits * BLOCK_N, ACC, BLOCK_N, BLOCK_D, PREFETCH)
         at = segment * T + token
         tl.store(part_ptr + at * D + d, acc, mask=d_mask)
         stats = part_ptr + tl.cast(splits, tl.int64) * T * D + at * 2 + tl.arange(0, 1)
@@ -238,13 +248,13 @@ def attn_res_fwd_depth_tile_kernel(
                 t = token + tl.arange(0, 1).to(tl.int64)  # [1]: the token as a tensor, on every frontend
                 rows = v_ptr + _token_rows(t, S1, S2, ST0, ST1, ST2)[:, None] + src
                 _depth_tile_token(t, rows, u, out_ptr, lse_ptr, N, D, STRIDE_N, eps, d, d_mask, n, ACC, BLOCK_N,
-                                  BLOCK_D)
+                                  BLOCK_D, PREFETCH)
     else:
         for token in range(pid, T, tl.num_programs(0)):
             t = token + tl.arange(0, 1).to(tl.int64)
             rows = v_ptr + _token_rows(t, S1, S2, ST0, ST1, ST2)[:, None] + src
             _depth_tile_token(t, rows, u, out_ptr, lse_ptr, N, D, STRIDE_N, eps, d, d_mask, n, ACC, BLOCK_N,
-                              BLOCK_D)
+                              BLOCK_D, PREFETCH)
 
 
 @triton.jit

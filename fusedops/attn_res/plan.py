@@ -57,7 +57,7 @@ class Plan:
     block_n: int = 0  # > 0: a plan of a depth-tile kernel (forward or backward) of block_n rows a step
     tokens_per_program: int = 0  # depth-tile forward: > 0 launches cdiv(tokens, it) programs, 0 a persistent grid
     constant_dim: bool = False  # depth-tile forward, one-pass backward: D a compile-time constant (one compile per D)
-    prefetch: bool = False  # one-pass backward: each depth step's rows are loaded one step ahead
+    prefetch: bool = False  # one-pass backward, depth-tile forward: each depth step's rows are loaded one step ahead
     fused_sums: bool = False  # one-pass backward: a row's three sums in one reduction
     split: int = 0  # depth-tile forward: > 1 splits each token's row groups over this many programs (then a merge)
 
@@ -170,17 +170,20 @@ def _grouped_forward_plan(target: Target, tokens: int, sources: int, block_d: in
     persistent programs per core; None when a group does not fit on chip. Where the tokens are too few to give
     every core row["split_per_core"] programs, each token's groups are split over up to that many programs
     a core (`split`; a merge launch folds them), where that shortens a token's chain of groups by at least
-    row["split_min_saved"] (the merge costs about that much). Where the rows came from: bench/NOTES.md,
-    attn_res run 12 (split: run 15)."""
+    row["split_min_saved"] (the merge costs about that much). row["prefetch"]: each group's rows are loaded while
+    the group before is summed. Where the rows came from: bench/NOTES.md, attn_res run 12 (split: run 15;
+    prefetch: run 16)."""
     block_n = min(row["group_rows"], next_pow2(sources))
     if block_n * block_d * per_element > target.onchip_bytes:
         return None
+    prefetch = bool(row.get("prefetch"))
     splits, groups = 0, -(-sources // block_n)
     if row.get("split_per_core") and isinstance(tokens, int) and tokens > 0:
         splits = split_count(target, tokens, groups, row["split_per_core"])
     if splits > 1 and groups - -(-groups // splits) >= row.get("split_min_saved", 0):
         return Plan(block_t=1, block_d=block_d, one_tile=True, grid=tokens * splits, num_warps=row["num_warps"],
-                    block_n=block_n, tokens_per_program=1, constant_dim=row["constant_dim"], split=splits)
+                    block_n=block_n, tokens_per_program=1, constant_dim=row["constant_dim"], split=splits,
+                    prefetch=prefetch)
     per_program = row["tokens_per_program"]
     if per_program and isinstance(tokens, int) and -(-tokens // per_program) > target.max_grid:
         per_program = 0  # Ascend's grid cap: a persistent grid instead
@@ -189,7 +192,7 @@ def _grouped_forward_plan(target: Target, tokens: int, sources: int, block_d: in
     else:
         grid = torch.sym_min(tokens, target.vector_cores * row["programs_per_core"])
     return Plan(block_t=1, block_d=block_d, one_tile=True, grid=grid, num_warps=row["num_warps"], block_n=block_n,
-                tokens_per_program=per_program, constant_dim=row["constant_dim"])
+                tokens_per_program=per_program, constant_dim=row["constant_dim"], prefetch=prefetch)
 
 
 SPLIT_MERGE_BLOCK_D = 1024  # features per program of attn_res_fwd_merge_kernel (a few KB per token: latency-bound)

@@ -159,10 +159,11 @@ def sweep_depth_tile() -> None:
 
 def sweep_depth_tile_forward() -> None:
     """Forward alone, bf16 values, fp32 query/weight, CUDA-graph replays: the planner's plan against the depth
-    tile in groups of 1, 2 or 4 rows a step x 4 or 8 warps x one token a program or 4 per SM (D constant), with
-    fla-core's fused_attnres beside when it imports. Cases: shapes of the attn_res grid, most of them wide rows
-    off a power of two (TUNE_CASES="N,tokens,D;..." replaces them). TUNE_RULE_ARCH=sm90-h200: instead of the
-    sweep, the plan that arch's table rows give each shape."""
+    tile in groups of 1, 2 or 4 rows a step x 4 or 8 warps x one token a program or 4 per SM (D constant;
+    TUNE_CONFIGS replaces these), each with and without the next group's rows loaded ahead (prefetch), with
+    fla-core's fused_attnres beside when it imports (TUNE_FLA=0: not timed). Cases: shapes of the attn_res grid,
+    most of them wide rows off a power of two (TUNE_CASES="N,tokens,D;..." replaces them). TUNE_RULE_ARCH=sm90-h200:
+    instead of the sweep, the plan that arch's table rows give each shape."""
     dev, target, ceiling = _cuda_setup()
     table = []
     for n, tokens, dim in _wide_cases():
@@ -170,23 +171,25 @@ def sweep_depth_tile_forward() -> None:
         nbytes, case = (n + 1) * tokens * dim * 2, f"N{n} T{tokens} D{dim}"
         ref = _forward(v, q, w, 1e-6, target)
         planned = _replay_ms(lambda: _forward(v, q, w, 1e-6, target))
-        fla = _fla_ms(v, q, w)
+        fla = _fla_ms(v, q, w) if os.environ.get("TUNE_FLA", "1") == "1" else float("nan")
         best = (float("inf"), "")
         rule_arch = os.environ.get("TUNE_RULE_ARCH")
         if rule_arch:  # only the plan another architecture's table rows give this shape, beside this one's
             plan = forward_plan(dataclasses.replace(target, arch=rule_arch), tokens, n, dim, 2)
             best = (_replay_ms(lambda: _fwd(plan, v, q, w, target)), f"{rule_arch} rows: {plan}")
-        for block_n, warps, per_sm in [] if rule_arch else GROUPED_FWD_CONFIGS:
+        for block_n, warps, per_sm in [] if rule_arch else _grouped_configs():
             block_d = next_pow2(dim)
             if not _rows_fit(block_n, n, block_d, warps):
                 continue
-            grid = -(-tokens // -per_sm) if per_sm <= 0 else min(tokens, per_sm * target.vector_cores)
-            plan = Plan(block_t=1, block_d=block_d, one_tile=True, grid=grid, num_warps=warps, block_n=block_n,
-                        tokens_per_program=max(0, -per_sm), constant_dim=True)
-            ms, err = _forward_with(plan, v, q, w, target, ref)
-            label = f"rows {block_n} w{warps} {f'{-per_sm} tokens a program' if per_sm < 0 else f'{per_sm}/SM'}"
-            print(f"{case} {label}: {ms:.4f} ms {100 * nbytes / ms / 1e9 / ceiling:.1f}% err {err:.1e}", flush=True)
-            best = min(best, (ms, label))
+            for prefetch in (False, True):
+                grid = -(-tokens // -per_sm) if per_sm <= 0 else min(tokens, per_sm * target.vector_cores)
+                plan = Plan(block_t=1, block_d=block_d, one_tile=True, grid=grid, num_warps=warps, block_n=block_n,
+                            tokens_per_program=max(0, -per_sm), constant_dim=True, prefetch=prefetch)
+                ms, err = _forward_with(plan, v, q, w, target, ref)
+                label = (f"rows {block_n} w{warps} {f'{-per_sm} tokens a program' if per_sm < 0 else f'{per_sm}/SM'}"
+                         f"{' prefetch' if prefetch else ''}")
+                print(f"{case} {label}: {ms:.4f} ms {100 * nbytes / ms / 1e9 / ceiling:.1f}% err {err:.1e}", flush=True)
+                best = min(best, (ms, label))
         table.append((case, planned, fla, *best, nbytes))
         del v
         torch.cuda.empty_cache()
@@ -195,6 +198,12 @@ def sweep_depth_tile_forward() -> None:
         pct = lambda ms: 100 * nb / ms / 1e9 / ceiling  # noqa: E731
         print(f"{case} | {t_plan:.4f} ({pct(t_plan):.1f}%) | {t_fla:.4f} ({pct(t_fla):.1f}%) | {t_best:.4f} ({cfg}, "
               f"{pct(t_best):.1f}%) | {t_plan / t_best:.2f}x")
+
+
+def _grouped_configs() -> list:
+    """GROUPED_FWD_CONFIGS, or TUNE_CONFIGS="rows,warps,per_sm;..." in their place."""
+    spec = os.environ.get("TUNE_CONFIGS")
+    return [tuple(int(x) for x in c.split(",")) for c in spec.split(";")] if spec else GROUPED_FWD_CONFIGS
 
 
 def _rows_fit(block_n: int, n: int, block_d: int, warps: int) -> bool:
@@ -480,7 +489,7 @@ def _force(kind: str, plan: Plan):
                "two_phase" if kind == "backward" else "online")
     names = ("block_t", "block_d", "grid", "num_warps", "unroll", "num_stages", "block_n", "constant_dim")
     if kind == "forward":
-        names += ("tokens_per_program", "split")
+        names += ("tokens_per_program", "split", "prefetch")
     fields = {k: getattr(plan, k) for k in names}
     return fusedops.plan_override("attn_res", kind, variant=variant, **fields)
 
