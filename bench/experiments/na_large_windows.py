@@ -2,8 +2,9 @@
 kernel and of the two backward kernels per launch setting, with and without the unmasked inside boxes
 (Plan.unmasked_inside), each setting's results checked against the first one's.
 
-Settings: "bm/bn[/warps[/stages]]" (bench/NOTES.md notation) or "plan", with "+i" for unmasked_inside; backward
-settings are "dq setting|dkdv setting".
+Settings: "bm/bn[/warps[/stages]]" (bench/NOTES.md notation) or "plan", with "+i" for unmasked_inside and, for the
+dK/dV kernel, "+u" for its walk without the per-chunk test (walk_tests False) and "+c" for dK as [D, keys]
+(dk_by_keys False); backward settings are "dq setting|dkdv setting".
 Usage: python -m bench.experiments.na_large_windows [--cases 0,2] [--what fwd,bwd,flex] [--fwd "..."] [--bwd "..."]
 """
 
@@ -35,6 +36,9 @@ CASES = [
     ("1D 16K w257 D64 H8", 8, (16384,), (257,), (1,), (False,), 64),
     ("2D 128^2 w31^2 H16", 16, (128, 128), (31, 31), (1, 1), (False, False)),
     ("2D 256^2 w80^2 D64 H24", 24, (256, 256), (80, 80), (1, 1), (False, False), 64),
+    ("1D 32K w4096 D64 H4", 4, (32768,), (4096,), (1,), (False,), 64),
+    ("1D 16K w1024 D32 H8", 8, (16384,), (1024,), (1,), (False,), 32),
+    ("1D 32K w513 D64 H8", 8, (32768,), (513,), (1,), (False,), 64),
 ]
 FWD = {
     1: ["", "+i", "1,1,128/1,1,64/8+i", "1,1,128/1,1,128/8+i", "1,1,64/1,1,64/4+i", "1,1,128/1,1,32/8+i",
@@ -65,6 +69,10 @@ def _override(kernel: str, setting: str) -> dict:
     params = tiles_from_string(tiles) if tiles else {}
     if "i" in flags:
         params["unmasked_inside"] = True
+    if "u" in flags:
+        params["walk_tests"] = False
+    if "c" in flags:
+        params["dk_by_keys"] = False
     if kernel == "bwd":
         params["fused_block"] = 0
     return params
