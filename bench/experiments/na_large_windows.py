@@ -3,7 +3,7 @@ kernel and of the two backward kernels per launch setting, with and without the 
 (Plan.unmasked_inside), each setting's results checked against the first one's.
 
 Settings: "bm/bn[/warps[/stages]]" (bench/NOTES.md notation) or "plan", with "+i" for unmasked_inside and, for the
-dK/dV kernel, "+u" for its walk without the per-chunk test (walk_tests False) and "+c" for dK as [D, keys]
+dK/dV kernel, "+u" / "+w" for its walk without / with the per-chunk test (walk_tests) and "+c" for dK as [D, keys]
 (dk_by_keys False); backward settings are "dq setting|dkdv setting".
 Usage: python -m bench.experiments.na_large_windows [--cases 0,2] [--what fwd,bwd,flex] [--fwd "..."] [--bwd "..."]
 """
@@ -71,6 +71,8 @@ def _override(kernel: str, setting: str) -> dict:
         params["unmasked_inside"] = True
     if "u" in flags:
         params["walk_tests"] = False
+    if "w" in flags:
+        params["walk_tests"] = True
     if "c" in flags:
         params["dk_by_keys"] = False
     if kernel == "bwd":
