@@ -5,7 +5,8 @@
 #   STEPS="host tune tests bench" OPS="attn_res embedding" TEST_S=200 BENCH_S=330 bash bench/gpu_check.sh
 # STEPS (default "tests bench"): host = fusedops.bench.host (host overhead vs GPU time),
 # tune = fusedops.bench.tune_attn_res (attn_res plan sweep), depthtune / depthfwd = the attn_res depth-tile backward /
-# forward sweeps, fwdsplit = the split depth-tile forward on few tokens, bwddim = the attn_res backward's warps x grid x constant-D sweep, bwdablate = where the
+# forward sweeps, fwdsplit = the split depth-tile forward on few tokens, bwddim = the attn_res backward's warps x grid x constant-D sweep, bwdwide = the two-phase backward
+# of wide rows (split sources, tiles), bwdablate = where the
 # one-pass backward's time goes, stashtune =
 # the attn_res backward with its partial sums stashed in grad_values or in their own buffer,
 # embtune = embedding backward-kernel variants, natune = fusedops.bench.tune_neighborhood_attention,
@@ -54,6 +55,9 @@ for step in ${STEPS:-tests bench}; do
     fwdsplit)
       timeout "${TUNE_S:-150}" python3 -m fusedops.bench.tune_attn_res fwd-split > "$OUT/fwdsplit.txt" 2>&1
       echo "fwdsplit (exit $?):"; sed -n '/^case |/,$p' "$OUT/fwdsplit.txt" ;;
+    bwdwide)
+      timeout "${TUNE_S:-150}" python3 -m fusedops.bench.tune_attn_res bwd-wide > "$OUT/bwdwide.txt" 2>&1
+      echo "bwdwide (exit $?):"; sed -n '/^case |/,$p' "$OUT/bwdwide.txt" ;;
     bwdablate)
       timeout "${TUNE_S:-150}" python3 -m fusedops.bench.tune_attn_res bwd-ablation > "$OUT/bwdablate.txt" 2>&1
       echo "bwdablate (exit $?):"; grep " | " "$OUT/bwdablate.txt" ;;

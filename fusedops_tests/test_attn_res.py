@@ -280,6 +280,39 @@ def test_two_phase_backward_matches_einsum(path, kernels, case):
     check_case(case, path, entry="ops.attn_res", kernels=kernels)
 
 
+def two_phase_rows(split_per_core: int) -> list:
+    """Table rows planning the two-phase backward in large tiles, its sources split over programs where the token
+    blocks are fewer than cores x split_per_core, on every vendor."""
+    params = dict(tile_elements=0, tiled_tile_elements=0, num_warps=4, unroll=1, fill_cores=False,
+                  programs_per_core=2, split_per_core=split_per_core, split_min_saved=0)
+    when = {"interpreted": True}  # as specific as the table's interpreter rows: ties go to the candidates
+    return [{"kernel": "bwd", "vendor": vendor, "arch": "*", "when": when, "params": params, "run": "test"}
+            for vendor in ("cuda", "ascend")]
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+@pytest.mark.parametrize("split_per_core", [1, 64])
+@settings(max_examples=8)
+@given(case=attn_res_cases(max_n=11, max_dim=130))
+def test_two_phase_backward_split_over_sources_matches_einsum(path, split_per_core, case):
+    """Few token blocks split their sources into slices, one program each: a launch for the slices' statistics,
+    then one for their gradients after the softmax over all N, each slice with its own row of partial sums."""
+    from fusedops.plans import candidate_rows
+
+    n, batch, dim = case[0], case[1], case[2]
+    tokens = math.prod(batch)
+    with candidate_rows("attn_res", two_phase_rows(split_per_core)), \
+            fusedops.plan_override("attn_res", "backward", variant="rows"):
+        values = build_inputs(case)[0]
+        with execution_path(path):
+            target = ar_op.target_for(values.device, values.dtype)
+            plan = ar_op.backward_plan(target, tokens, n, dim, values.element_size(), False)
+        check_case(case, path, entry="ops.attn_res")
+    slices = min(n, target.vector_cores * split_per_core // -(-tokens // plan.block_t))
+    assert plan.split == (slices if slices > 1 else 0)
+    assert plan.one_pass is False and (plan.split == 0 or plan.grid == -(-tokens // plan.block_t))
+
+
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("kernels", KERNEL_CHOICES)
 @given(case=attn_res_cases(max_n=24), lse_scale=st.sampled_from([0.0, 1.0, 100.0]))
@@ -896,6 +929,37 @@ def test_gpu_real_sizes(n, dim):
     assert_close("out", out, ref_out, torch.bfloat16)
     assert_grads_close(grads, ref_grads, values, query, weight, 1e-6, grad_out)
     again = run_op(values, query, weight, 1e-6, grad_out)[1]
+    assert all(torch.equal(a, b) for a, b in zip(grads, again))
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize(("n", "tokens", "dim"), [(128, 1, 12288), (16, 64, 12288), (64, 1, 16384), (9, 3, 12288)])
+def test_gpu_two_phase_backward_split_over_sources(n, tokens, dim):
+    """Rows too wide for the one-pass kernel and few tokens: the two-phase backward splits each token block's
+    sources over programs (a row of this GPU's arch with split_per_core 2); every gradient against the float64
+    definition, bitwise equal run to run, strided tokens."""
+    from fusedops.attn_res.op import backward_plan
+    from fusedops.plans import candidate_rows
+
+    target = cuda_target(torch.device("cuda"))
+    params = dict(tile_elements=4096, tiled_tile_elements=8192, num_warps=4, unroll=2, fill_cores=True,
+                  programs_per_core=2, split_per_core=2, split_min_saved=4)
+    row = {"kernel": "bwd", "vendor": "cuda", "arch": target.arch or "*", "when": {"interpreted": False},
+           "params": params, "run": "test"}
+    torch.manual_seed(n + dim)
+    values = torch.randn(n, tokens + 1, dim, device="cuda").to(torch.bfloat16)[:, 1:]
+    values[n // 2] *= 20  # one source dominates some tokens
+    query = torch.randn(dim, device="cuda") * 0.05
+    weight = torch.rand(dim, device="cuda") + 0.5
+    grad_out = torch.randn(tokens, dim, device="cuda").to(torch.bfloat16)
+    ref_out, ref_grads = reference_grads(values, query, weight, 1e-6, grad_out)
+    with candidate_rows("attn_res", [row]):
+        assert backward_plan(target, tokens, n, dim, 2, one_pass=True).split > 1
+        out, grads = run_op(values, query, weight, 1e-6, grad_out)
+        again = run_op(values, query, weight, 1e-6, grad_out)[1]
+    assert_close("out", out, ref_out, torch.bfloat16)
+    assert_grads_close(grads, ref_grads, values, query, weight, 1e-6, grad_out)
     assert all(torch.equal(a, b) for a, b in zip(grads, again))
 
 

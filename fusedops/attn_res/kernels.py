@@ -360,10 +360,11 @@ def _store_partial(partial_ptr, dv_ptr, du, pid, t0, d, d_mask, D, DV_STEP,
 @triton.jit
 def attn_res_bwd_kernel(
     g_ptr, glse_ptr, v_ptr, q_ptr, w_ptr, dv_ptr, partial_ptr, stats_ptr,
-    N, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, STAT_PLANE, DV_STEP, LAST_N, LAST_STAT, LAST_DV, eps,
+    N, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, STAT_PLANE, DV_STEP, LAST_N, LAST_STAT, LAST_DV, SLICE, eps,
     HAS_WEIGHT: tl.constexpr, HAS_DLSE: tl.constexpr, NEED_DV: tl.constexpr, NEED_DU: tl.constexpr,
     ONE_TILE: tl.constexpr,
     UNROLL: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, F64: tl.constexpr,
+    PHASE: tl.constexpr = 0,
 ):
     """Gradients of attn_res for a persistent program's token blocks, without the forward's statistics.
 
@@ -378,6 +379,10 @@ def attn_res_bwd_kernel(
     HAS_DLSE: glse_ptr holds the gradient of the forward's lse ([T] fp32).
     STAT_PLANE = N * T and DV_STEP = T * D are passed from the host so they cannot overflow int32;
     LAST_N, LAST_STAT, LAST_DV: offsets of depth N-1 in values, one stats plane, and grad_values.
+    PHASE (D-tiled only; 0: both phases): few token blocks split their sources into slices of SLICE rows,
+    program (p, s) owning slice s of block p, over two launches: PHASE 1 writes the slice's statistics, PHASE 2
+    re-derives the softmax from all N and writes the slice's gradients, its partial sums in row
+    p * num_programs(1) + s of `partial_ptr`.
     """
     ACC = tl.float64 if F64 else tl.float32
     eps = tl.cast(eps, ACC)  # Inductor passes Python floats as fp64
@@ -458,59 +463,79 @@ def attn_res_bwd_kernel(
                 pptrs = partial_ptr + pid * D + d
                 tl.store(pptrs, tl.load(pptrs, mask=d_mask, other=0.0) + du, mask=d_mask)
         else:
-            base = v_ptr + rows
-            for _source in range(N):  # not `_`: the body unpacks into `_` (Triton 3.2: one variable, two types)
-                sq = tl.zeros([BLOCK_T], ACC)
-                dot = tl.zeros([BLOCK_T], ACC)
-                gv = tl.zeros([BLOCK_T], ACC)
+            if PHASE == 0:
+                lo = 0
+                hi = N
+                row_of = pid
+            else:
+                lo = tl.program_id(1) * SLICE
+                hi = tl.minimum(lo + SLICE, N)
+                row_of = pid * tl.num_programs(1) + tl.program_id(1)
+            if PHASE != 2:
+                base = v_ptr + rows + tl.cast(lo, tl.int64) * STRIDE_N
+                sptrs = stats_ptr + t + tl.cast(lo, tl.int64) * T
+                # not `_`: the body unpacks into `_` (Triton 3.2: one variable, two types)
+                for _source in range(lo, hi):
+                    sq = tl.zeros([BLOCK_T], ACC)
+                    dot = tl.zeros([BLOCK_T], ACC)
+                    gv = tl.zeros([BLOCK_T], ACC)
+                    for d0 in range(0, D, BLOCK_D):
+                        d = d0 + tl.arange(0, BLOCK_D)
+                        d_mask = d < D
+                        mask = t_mask[:, None] & d_mask[None, :]
+                        u = _folded_query(q_ptr, w_ptr, d, d_mask, HAS_WEIGHT, ACC)
+                        x = tl.load(base[:, None] + d[None, :], mask=mask, other=0.0).to(ACC)
+                        g = tl.load(g_rows[:, None] + d[None, :], mask=mask, other=0.0).to(ACC)
+                        sq += tl.sum(x * x, axis=1)
+                        dot += tl.sum(x * u[None, :], axis=1)
+                        gv += tl.sum(x * g, axis=1)
+                    rstd = tl.rsqrt(sq / D + eps)
+                    logit = dot * rstd
+                    tl.store(sptrs, logit, mask=t_mask)
+                    tl.store(sptrs + STAT_PLANE, rstd, mask=t_mask)
+                    tl.store(sptrs + 2 * STAT_PLANE, gv, mask=t_mask)
+                    if PHASE == 0:
+                        m, denom, g_out = _softmax_step(m, denom, g_out, logit, gv)
+                    base += STRIDE_N
+                    sptrs += T
+            if PHASE == 2:  # the softmax from every slice's statistics (launch 1), in depth order
+                for _source in range(N):
+                    logit = tl.load(sptrs, mask=t_mask, other=0.0)
+                    gv = tl.load(sptrs + 2 * STAT_PLANE, mask=t_mask, other=0.0)
+                    m, denom, g_out = _softmax_step(m, denom, g_out, logit, gv)
+                    sptrs += T
+            if PHASE != 1:
+                g_out = g_out / denom
+                if HAS_DLSE:  # d lse / d s_i = alpha_i: a gradient of lse shifts every ds_i by alpha_i * g_lse
+                    g_out -= tl.load(glse_ptr + t, mask=t_mask, other=0.0)
+                lse = m + tl.log(denom)
+                last = tl.cast(hi - 1, tl.int64)
                 for d0 in range(0, D, BLOCK_D):
                     d = d0 + tl.arange(0, BLOCK_D)
                     d_mask = d < D
                     mask = t_mask[:, None] & d_mask[None, :]
                     u = _folded_query(q_ptr, w_ptr, d, d_mask, HAS_WEIGHT, ACC)
-                    x = tl.load(base[:, None] + d[None, :], mask=mask, other=0.0).to(ACC)
                     g = tl.load(g_rows[:, None] + d[None, :], mask=mask, other=0.0).to(ACC)
-                    sq += tl.sum(x * x, axis=1)
-                    dot += tl.sum(x * u[None, :], axis=1)
-                    gv += tl.sum(x * g, axis=1)
-                rstd = tl.rsqrt(sq / D + eps)
-                logit = dot * rstd
-                tl.store(sptrs, logit, mask=t_mask)
-                tl.store(sptrs + STAT_PLANE, rstd, mask=t_mask)
-                tl.store(sptrs + 2 * STAT_PLANE, gv, mask=t_mask)
-                m, denom, g_out = _softmax_step(m, denom, g_out, logit, gv)
-                base += STRIDE_N
-                sptrs += T
-            g_out = g_out / denom
-            if HAS_DLSE:  # d lse / d s_i = alpha_i: a gradient of lse shifts every ds_i by alpha_i * g_lse
-                g_out -= tl.load(glse_ptr + t, mask=t_mask, other=0.0)
-            lse = m + tl.log(denom)
-            for d0 in range(0, D, BLOCK_D):
-                d = d0 + tl.arange(0, BLOCK_D)
-                d_mask = d < D
-                mask = t_mask[:, None] & d_mask[None, :]
-                u = _folded_query(q_ptr, w_ptr, d, d_mask, HAS_WEIGHT, ACC)
-                g = tl.load(g_rows[:, None] + d[None, :], mask=mask, other=0.0).to(ACC)
-                du = tl.zeros([BLOCK_D], ACC)
-                ptrs = v_ptr + LAST_N + rows[:, None] + d[None, :]
-                dptrs = dv_ptr + LAST_DV + t[:, None] * D + d[None, :]
-                sptrs = stats_ptr + LAST_STAT + t
-                for _source in range(N):  # not `_` (above)
-                    logit = tl.load(sptrs, mask=t_mask, other=0.0)
-                    rstd = tl.load(sptrs + STAT_PLANE, mask=t_mask, other=0.0)
-                    gv = tl.load(sptrs + 2 * STAT_PLANE, mask=t_mask, other=0.0)
-                    x = tl.load(ptrs, mask=mask, other=0.0).to(ACC)
-                    dx, coef, _, _ = _grad_row(x, g, u, logit, rstd, gv, lse, g_out, D)
-                    if NEED_DV:
-                        tl.store(dptrs, dx.to(dv_ptr.dtype.element_ty), mask=mask)
+                    du = tl.zeros([BLOCK_D], ACC)
+                    ptrs = v_ptr + last * STRIDE_N + rows[:, None] + d[None, :]
+                    dptrs = dv_ptr + last * DV_STEP + t[:, None] * D + d[None, :]
+                    sptrs = stats_ptr + last * T + t
+                    for _source in range(lo, hi):  # not `_` (above)
+                        logit = tl.load(sptrs, mask=t_mask, other=0.0)
+                        rstd = tl.load(sptrs + STAT_PLANE, mask=t_mask, other=0.0)
+                        gv = tl.load(sptrs + 2 * STAT_PLANE, mask=t_mask, other=0.0)
+                        x = tl.load(ptrs, mask=mask, other=0.0).to(ACC)
+                        dx, coef, _, _ = _grad_row(x, g, u, logit, rstd, gv, lse, g_out, D)
+                        if NEED_DV:
+                            tl.store(dptrs, dx.to(dv_ptr.dtype.element_ty), mask=mask)
+                        if NEED_DU:
+                            du += tl.sum(coef[:, None] * x, axis=0)
+                        ptrs -= STRIDE_N
+                        dptrs -= DV_STEP
+                        sptrs -= T
                     if NEED_DU:
-                        du += tl.sum(coef[:, None] * x, axis=0)
-                    ptrs -= STRIDE_N
-                    dptrs -= DV_STEP
-                    sptrs -= T
-                if NEED_DU:
-                    pptrs = partial_ptr + pid * D + d
-                    tl.store(pptrs, tl.load(pptrs, mask=d_mask, other=0.0) + du, mask=d_mask)
+                        pptrs = partial_ptr + row_of * D + d
+                        tl.store(pptrs, tl.load(pptrs, mask=d_mask, other=0.0) + du, mask=d_mask)
 
 
 # The one-pass backward defers rows whose weight alpha_i >= DEFER_ALPHA to the end of their token: at

@@ -35,7 +35,8 @@ from .kernels import (
     attn_res_param_grad_kernel,
     waiting_slots_elements,
 )
-from .plan import OP, SPLIT_MERGE_BLOCK_D, Plan, depth_tile_plan, make_plan, reduce_plan, stash_rows
+from .plan import (OP, SPLIT_MERGE_BLOCK_D, Plan, depth_tile_plan, make_plan, reduce_plan, stash_rows,
+                   two_phase_plan)
 
 
 def check_args(values: Tensor, query: Tensor, norm_weight: Optional[Tensor], eps: float) -> None:
@@ -159,7 +160,7 @@ def backward_plan(target: Target, tokens: int, sources: int, dim: int, elem_size
             plan = make_plan(target, tokens, dim, elem_size, backward=True, one_pass=True)
             if plan.one_tile:
                 return plan
-        return make_plan(target, tokens, dim, elem_size, backward=True)
+        return two_phase_plan(target, tokens, sources, dim, elem_size)
 
     return _forced_plan("backward", choose)
 
@@ -183,7 +184,8 @@ def _backward(
     tokens = grad_out.numel() // dim
     need_du = need_query or need_norm_weight
     values, query, norm_weight = walkable_sources(values), unit_last_stride(query), unit_last_stride(norm_weight)
-    grad_values = torch.empty_like(values, memory_format=torch.contiguous_format) if need_values else values.new_empty(0)
+    grad_values = (torch.empty_like(values, memory_format=torch.contiguous_format) if need_values
+                   else values.new_empty(0))
     grad_query = torch.empty_like(query) if need_query else query.new_empty(0)
     grad_weight = torch.empty_like(norm_weight) if need_norm_weight else query.new_empty(0)
     if not (need_values or need_du):
@@ -197,7 +199,10 @@ def _backward(
     # of the rows the stash overwrites); the two-phase kernel adds to its row per token block, so it
     # starts from zeros.
     writes_once = (one_pass or bool(plan.block_n)) and tokens > 0
-    programs = plan.grid if tokens else 1
+    # A split two-phase plan: `slices` programs a token block, each with its own row of partial sums.
+    slice_rows = -(-n // plan.split) if plan.split > 1 and not (one_pass or plan.block_n) else 0
+    slices = -(-n // slice_rows) if slice_rows else 1
+    programs = plan.grid * slices if tokens else 1
     stash = stash_rows(target, n, dim, values.element_size()) if writes_once and need_values and need_du else 0
     if stash and forced(OP, "backward").get("stash", stash) == 0:
         stash = 0  # plan_override("attn_res", "backward", stash=0): the partial sums get their own buffer
@@ -235,12 +240,11 @@ def _backward(
             )
         else:
             stats = values.new_empty((3, n, tokens), dtype=acc)
-            launch(
-                attn_res_bwd_kernel, (plan.grid,),
-                dict(rows_in, stats_ptr=stats, **walk, STAT_PLANE=n * tokens, LAST_N=(n - 1) * values.stride(0),
-                     LAST_STAT=(n - 1) * tokens, LAST_DV=(n - 1) * tokens * dim),
-                dict(flags, ONE_TILE=plan.one_tile, UNROLL=plan.unroll, BLOCK_T=plan.block_t),
-            )
+            args = dict(rows_in, stats_ptr=stats, **walk, STAT_PLANE=n * tokens, LAST_N=(n - 1) * values.stride(0),
+                        LAST_STAT=(n - 1) * tokens, LAST_DV=(n - 1) * tokens * dim, SLICE=slice_rows)
+            flags = dict(flags, ONE_TILE=plan.one_tile and not slice_rows, UNROLL=plan.unroll, BLOCK_T=plan.block_t)
+            for phase in (1, 2) if slice_rows else (0,):
+                launch(attn_res_bwd_kernel, (plan.grid, slices), args, dict(flags, PHASE=phase))
     if need_du:
         # With a stash the reduction also rewrites the stashed rows (from grad_out and values).
         rows_from = (grad_out, values, grad_values) if stash else (partial, partial, partial)

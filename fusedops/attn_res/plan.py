@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -59,7 +59,8 @@ class Plan:
     constant_dim: bool = False  # depth-tile forward, one-pass backward: D a compile-time constant (one compile per D)
     prefetch: bool = False  # one-pass backward, depth-tile forward: each depth step's rows are loaded one step ahead
     fused_sums: bool = False  # one-pass backward: a row's three sums in one reduction
-    split: int = 0  # depth-tile forward: > 1 splits each token's row groups over this many programs (then a merge)
+    split: int = 0  # > 1: depth-tile forward, a token's row groups over this many programs (then a merge); two-phase
+    # backward, a token block's sources in this many slices (two launches)
 
 
 @memoize
@@ -111,6 +112,26 @@ def make_plan(target: Target, tokens: int, dim: int, elem_size: int, *, backward
                 one_pass=one_pass, constant_dim=bool(one_pass and row["constant_dim"]),
                 prefetch=bool(one_pass and row["prefetch"]),
                 fused_sums=bool(one_pass and row["fused_sums"]))
+
+
+@memoize
+def two_phase_plan(target: Target, tokens: int, sources: int, dim: int, elem_size: int) -> Plan:
+    """The plan of the two-phase attn_res_bwd_kernel. Where the token blocks are too few to give every core the
+    row's split_per_core programs, each block's N sources are split into `split` slices of one program each
+    (two launches: the statistics, then the gradients), if that shortens a program's chain of rows by at least
+    split_min_saved (the second launch and the longer reduction cost about that much). Needs concrete sizes.
+    Where the rule came from: bench/NOTES.md, attn_res run 17."""
+    plan = make_plan(target, tokens, dim, elem_size, backward=True)
+    if not (isinstance(tokens, int) and isinstance(sources, int)) or tokens <= 0:
+        return plan
+    row = resolve(OP, "bwd", target, **_features(target, elem_size, dim, tokens))
+    if not row.get("split_per_core"):
+        return plan
+    blocks = -(-tokens // plan.block_t)
+    slices = min(sources, target.vector_cores * row["split_per_core"] // blocks)
+    if slices > 1 and sources - -(-sources // slices) >= row.get("split_min_saved", 0):
+        return replace(plan, one_tile=False, grid=blocks, split=slices)
+    return plan
 
 
 # The depth tiles hold all N source rows of a token at once. On CUDA the fp32 rows are the only
@@ -254,4 +275,5 @@ def stash_rows(target: Target, sources: int, dim: int, elem_size: int) -> int:
 on_reload(make_plan.cache_clear)
 on_reload(depth_tile_plan.cache_clear)
 on_reload(reduce_plan.cache_clear)
+on_reload(two_phase_plan.cache_clear)
 on_reload(stash_rows.cache_clear)

@@ -14,7 +14,10 @@ Usage: python -m fusedops.bench.tune_attn_res   (TUNE_FORWARD=0 / TUNE_BACKWARD=
        python -m fusedops.bench.tune_attn_res bwd-dim   (the whole backward on the forward sweep's shapes: warps x
                                                          programs per SM, fwd+bwd against fla)
        python -m fusedops.bench.tune_attn_res bwd-ablation   (the one-pass backward kernel with one part off at a
-                                                              time: where its time goes)"""
+                                                              time: where its time goes)
+       python -m fusedops.bench.tune_attn_res bwd-wide   (the two-phase backward of rows too wide for the one-pass
+                                                          kernel: its sources split over programs for few tokens,
+                                                          tiles x warps x programs per SM for many; fwd+bwd vs fla)"""
 
 from __future__ import annotations
 
@@ -73,6 +76,14 @@ BWD_ABLATIONS = [("planned", {}), ("no waiting rows (DEFER off)", {"DEFER": Fals
 # The backward sweep: (warps, programs per SM) of the kernel the planner picks, its other fields as planned
 # (the one-pass kernel's constant D: taken in run 13).
 BWD_DIM_CONFIGS = [(w, p) for w in (4, 8) for p in (2, 3, 4)]
+# The two-phase backward's sweep (rows wider than the one-pass kernel holds): split_per_core of a candidate table row
+# on few-token cases; (block_t, block_d, warps, programs per SM) on many-token ones.
+WIDE_BWD_CASES = [(128, 1, 12288), (64, 1, 16384), (128, 8, 12288), (32, 8, 16384), (16, 64, 12288), (64, 64, 12288),
+                  (2, 64, 12288), (2, 8, 16384), (6, 512, 16384), (4, 32768, 12288), (4, 8192, 16384),
+                  (9, 8192, 12288)]
+WIDE_BWD_SPLITS = (0, 1, 2, 4)
+WIDE_BWD_CONFIGS = [(bt, bd, w, p) for bt in (1, 2, 4) for bd in (4096, 8192) for w in (4, 8, 16) for p in (1, 2, 4)
+                    if 16 <= bt * bd // (32 * w) <= 128]
 DEPTH_CASES = [(n, d) for d in (1024, 2048, 4096, 7168, 8192, 16384) for n in (2, 3, 4, 6, 8, 16, 32)
                if next_pow2(n) * next_pow2(d) <= 32768]
 
@@ -83,7 +94,8 @@ def main() -> None:
     with set_wrap_triton_enabled(False):
         sweeps = {"depth": sweep_depth_tile, "depth-fwd": sweep_depth_tile_forward, "fwd-split": sweep_forward_split,
                   "stash": sweep_stash,
-                  "bwd-dim": sweep_backward_dim, "bwd-ablation": sweep_backward_ablation}
+                  "bwd-dim": sweep_backward_dim, "bwd-ablation": sweep_backward_ablation,
+                  "bwd-wide": sweep_backward_wide}
         sweeps.get(" ".join(sys.argv[1:]), sweep)()
 
 
@@ -294,6 +306,74 @@ def sweep_backward_dim() -> None:
               f"{t_ours:.4f} ({pct(t_ours, sb):.1f}%) | {t_fla:.4f} ({pct(t_fla, sb):.1f}%)")
 
 
+def _split_rows(target, per_core: int) -> list:
+    """The target's two-phase backward row with split_per_core = per_core (split_min_saved 4), as a candidate."""
+    from fusedops.attn_res.plan import _features
+    from fusedops.plans import resolve
+
+    params = dict(resolve("attn_res", "bwd", target, **_features(target, 2, 12288, 1)), split_per_core=per_core,
+                  split_min_saved=4)
+    return [{"kernel": "bwd", "vendor": "cuda", "arch": target.arch or "*", "when": {"interpreted": False},
+             "params": params, "run": "candidate"}]
+
+
+def sweep_backward_wide() -> None:
+    """The two-phase backward (kernel and reduction, bf16 values, no out/lse: the kernel that rows too wide for the
+    one-pass kernel take), CUDA-graph replays, on WIDE_BWD_CASES (TUNE_CASES replaces them): few-token cases under
+    candidate rows with split_per_core in WIDE_BWD_SPLITS (0: no split), many-token cases on WIDE_BWD_CONFIGS'
+    tiles, warps and programs per SM; then fwd+bwd steps, ours and fla-core's (TUNE_FLA=0: not fla's). % of copy over
+    (2N + 1) rows."""
+    from fusedops.attn_res.op import backward_plan
+    from fusedops.bench.attn_res import fla
+    from fusedops.bench.common import MissingBaseline, cuda_graph_step
+    from fusedops.plans import candidate_rows
+
+    dev, target, ceiling = _cuda_setup()
+    pct = lambda ms, b: 100 * b / ms / 1e9 / ceiling  # noqa: E731
+    table = []
+    for n, tokens, dim in _wide_cases() if os.environ.get("TUNE_CASES") else WIDE_BWD_CASES:
+        v, q, w, g, _, _, nbytes, case = _backward_case(n, tokens, dim, dev, target)
+        run = lambda: _backward(g, v, q, w, 1e-6, True, True, True, target)  # noqa: E731
+        ref = run()
+        planned = _replay_ms(run)
+        best = (planned, "planned")
+        base = backward_plan(target, tokens, n, dim, 2, False)
+        print(f"{case} planned {base}: {planned:.4f} ms {pct(planned, nbytes):.1f}%", flush=True)
+        if -(-tokens // base.block_t) < target.vector_cores * max(WIDE_BWD_SPLITS):
+            for per_core in WIDE_BWD_SPLITS[1:]:
+                with candidate_rows("attn_res", _split_rows(target, per_core)):
+                    plan = backward_plan(target, tokens, n, dim, 2, False)
+                    err = _relative_error(run(), ref)
+                    ms = _replay_ms(run)
+                label = f"split_per_core {per_core} (split {plan.split})"
+                print(f"{case} {label}: {ms:.4f} ms {pct(ms, nbytes):.1f}% err {err:.1e}", flush=True)
+                best = min(best, (ms, label))
+        else:
+            for bt, bd, warps, per_sm in WIDE_BWD_CONFIGS:
+                plan = dataclasses.replace(base, block_t=bt, block_d=bd, num_warps=warps, one_tile=False,
+                                           grid=min(-(-tokens // bt), per_sm * target.vector_cores))
+                err = _relative_error(_bwd(plan, g, v, q, w, target), ref)
+                ms = _replay_ms(lambda: _bwd(plan, g, v, q, w, target))
+                label = f"bt{bt} bd{bd} w{warps} {per_sm}/SM"
+                print(f"{case} {label}: {ms:.4f} ms {pct(ms, nbytes):.1f}% err {err:.1e}", flush=True)
+                best = min(best, (ms, label))
+        steps = {}
+        for name, fn in (("fusedops", lambda a, b, c: fusedops.attn_res(a, b, c)), ("fla", fla)):
+            try:
+                if name == "fla" and os.environ.get("TUNE_FLA", "1") == "0":
+                    raise MissingBaseline("TUNE_FLA=0")
+                steps[name] = triton.testing.do_bench(cuda_graph_step(fn, (v, q, w)), return_mode="median")
+            except MissingBaseline:
+                steps[name] = float("nan")
+        table.append((case, planned, *best, steps["fusedops"], steps["fla"], nbytes))
+        del v, g, ref
+        torch.cuda.empty_cache()
+    print("\ncase | planned bwd ms (% copy) | best bwd ms (config, % copy) | fwd+bwd fusedops ms | fla ms | fla/ours")
+    for case, t_plan, t_best, cfg, t_ours, t_fla, nb in table:
+        print(f"{case} | {t_plan:.4f} ({pct(t_plan, nb):.1f}%) | {t_best:.4f} ({cfg}, {pct(t_best, nb):.1f}%) | "
+              f"{t_ours:.4f} | {t_fla:.4f} | {t_fla / t_ours:.2f}")
+
+
 def sweep_backward_ablation() -> None:
     """Where the one-pass backward's time goes: the kernel alone (no reduction), bf16 values, CUDA-graph replays, on
     the wide shapes (TUNE_CASES replaces them), under the planner's plan and with one part turned off at a time
@@ -487,9 +567,9 @@ def _force(kind: str, plan: Plan):
     """plan_override forcing `plan` (its kernel variant and fields) on the forward or backward."""
     variant = ("depth_tile" if plan.block_n else "one_pass" if plan.one_pass else
                "two_phase" if kind == "backward" else "online")
-    names = ("block_t", "block_d", "grid", "num_warps", "unroll", "num_stages", "block_n", "constant_dim")
+    names = ("block_t", "block_d", "grid", "num_warps", "unroll", "num_stages", "block_n", "constant_dim", "split")
     if kind == "forward":
-        names += ("tokens_per_program", "split", "prefetch")
+        names += ("tokens_per_program", "prefetch")
     fields = {k: getattr(plan, k) for k in names}
     return fusedops.plan_override("attn_res", kind, variant=variant, **fields)
 
