@@ -246,6 +246,36 @@ def test_multi_two_pass_forward_matches_per_query_attn_res(path, n, m, batch, di
         torch.testing.assert_close(lse[l].double(), ref_lse, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+@FEW
+@given(n=st.integers(1, 17), m=st.integers(1, 20), batch=st.sampled_from([(1,), (5,), (3, 3)]),
+       dim=st.integers(1, 80), dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+       grads_of=st.sampled_from(["out", "lse", "both"]), wanted=st.sampled_from(["values", "queries", "both"]),
+       seed=st.integers(0, 2**31 - 1))
+def test_multi_backward_matches_float64(path, n, m, batch, dim, dtype, grads_of, wanted, seed):
+    """The backward on its own terms: gradients through out, lse or both, of values, queries or both (the other
+    frozen), for depths and query counts past one tensor-core tile (CUDA plans: the statistics then gradients
+    kernels; Ascend's: the CUDA-core kernel), against float64 autograd."""
+    gen = torch.Generator().manual_seed(seed)
+    values = torch.randn(n, *batch, dim, generator=gen).to(dtype)
+    queries = torch.randn(m, dim, generator=gen)
+    grad_out = torch.randn(m, *batch, dim, generator=gen).to(dtype) * (grads_of != "lse")
+    grad_lse = torch.randn(m, *batch, generator=gen) * (grads_of != "out")
+    _, _, ref_grads = multi_reference(values, queries, EPS, grad_out, grad_lse.double())
+    v = values.clone().requires_grad_(wanted != "queries")
+    q = queries.clone().requires_grad_(wanted != "values")
+    with execution_path(path):
+        out, lse = fusedops.attn_res_multi(v, q, EPS)
+        outputs = [(out, grad_out), (lse, grad_lse)]
+        outputs = outputs[:1] if grads_of == "out" else outputs[1:] if grads_of == "lse" else outputs
+        torch.autograd.backward(*zip(*outputs))
+    tol = {torch.float32: 2e-5, torch.bfloat16: 1.6e-2, torch.float16: 2e-3}[dtype]
+    for leaf, ref in ((v, ref_grads[0]), (q, ref_grads[1])):
+        if leaf.requires_grad:
+            scale = max(1.0, ref.abs().max().item())
+            torch.testing.assert_close(leaf.grad.double(), ref, rtol=tol * 4, atol=tol * 4 * scale)
+
+
 @pytest.mark.parametrize("path", PATHS)
 def test_multi_with_one_query_is_attn_res(path):
     gen = torch.Generator().manual_seed(1)

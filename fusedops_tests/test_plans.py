@@ -123,7 +123,7 @@ def test_h200_resolves_its_own_rows():
 
 
 def test_block_attn_res_plans_come_from_its_table():
-    """The H200 sweeps' plans (bench/NOTES.md, Block AttnRes runs 1 and 2) come out of block_attn_res/plans.json,
+    """The H200 sweeps' plans (bench/NOTES.md, Block AttnRes runs 1-3) come out of block_attn_res/plans.json,
     and a row ahead of the table changes them: nothing measured is left in the planner's code."""
     from fusedops.block_attn_res.plan import MergePlan, MultiPlan, merge_plan, multi_plan
 
@@ -133,7 +133,10 @@ def test_block_attn_res_plans_come_from_its_table():
                                                              constant_dim=True)
     assert multi_plan(h200, 512, 9, 8, 7168, 2) == MultiPlan(16, 16, 64, 4, 1792, 512, 4, 4, True, 2, 64)
     assert multi_plan(h200, 1, 9, 8, 7168, 2) == MultiPlan(16, 16, 64, 112, 64, 112, 4, 4, True, 2, 64)
-    assert multi_plan(h200, 8192, 9, 8, 7168, 2, backward=True) == MultiPlan(8, 16, 512, 1, 7168, 132, 8)
+    assert multi_plan(h200, 8192, 9, 8, 7168, 2, backward=True) == MultiPlan(16, 16, 64, 1, 7168, 9, 8, 8, True,
+                                                                             block_d2=64, out_warps=8)
+    # float64 values keep the CUDA-core backward
+    assert multi_plan(h200, 8192, 9, 8, 7168, 8, backward=True) == MultiPlan(8, 16, 512, 1, 7168, 132, 8)
     assert merge_plan(h200, 1, 7168, 2) == MergePlan(1, 8192, 1, 16, True, 1, True)
     assert merge_plan(h200, 8192, 7168, 2) == MergePlan(1, 8192, 8192, 8, True, 1, True)
     row = next(r for r in plans.table("block_attn_res")["rows"]

@@ -15,6 +15,9 @@ Parts and what issue 37 asks of them (U = tokens x D x element size):
           output norm; the byte floor is (N + 2 M + 5 M) U, reported as % of copy against it.
   decode  per-sublayer latency at 1, 8, 64, 512 tokens (N = 9, D = 7168): phase 1 / M + one merge, replayed from a
           CUDA graph on CUDA; target: no slower than fla's single-query kernel (10.9 us at 1 token on the H100).
+  multi-bwd  phase 1 forward+backward (gradients of values and queries, training form), eager, against M x
+          fusedops.attn_res with their backward; % of copy counting (N + M) U forward and (2N + M) U backward
+          (values and grad_out read, grad_values written). No issue target: issue 37 asks that it be timed.
 Not in `python -m fusedops.bench`'s op list (its CPU parity check has no Block AttnRes case yet): run it directly.
 On a CPU the PyTorch reference path is timed at tiny sizes (indicative only).
 """
@@ -35,12 +38,16 @@ MULTI_CASES = [(n, m, t, d) for n in (4, 8, 9) for m in (6, 16, 24) for d in (40
 MERGE_CASES = [(t, d) for t in (2048, 8192, 32768) for d in (4096, 7168)]
 BLOCK_CASES = [(8, 24, 8192, 7168), (8, 24, 2048, 7168), (4, 24, 8192, 4096)]
 DECODE_CASES = [(9, 24, t, 7168) for t in (1, 8, 64, 512)]
-CPU = {"multi": [(3, 4, 64, 256)], "merge": [(64, 256)], "block": [(3, 4, 64, 256)], "decode": [(3, 4, 1, 256)]}
-GPU = {"multi": MULTI_CASES, "merge": MERGE_CASES, "block": BLOCK_CASES, "decode": DECODE_CASES}
+CPU = {"multi": [(3, 4, 64, 256)], "merge": [(64, 256)], "block": [(3, 4, 64, 256)], "decode": [(3, 4, 1, 256)],
+       "multi-bwd": [(3, 4, 64, 256)]}
+MULTI_BWD_CASES = [(8, 24, 8192, 7168), (8, 24, 2048, 7168), (9, 6, 8192, 4096), (9, 16, 8192, 7168),
+                   (4, 16, 32768, 4096), (4, 6, 32768, 4096)]
+GPU = {"multi": MULTI_CASES, "merge": MERGE_CASES, "block": BLOCK_CASES, "decode": DECODE_CASES,
+       "multi-bwd": MULTI_BWD_CASES}
 QUICK = {"cpu": {k: v[:1] for k, v in CPU.items()},
          "gpu": {"multi": [(8, 24, 8192, 7168)], "merge": [(8192, 7168)], "block": [(8, 24, 8192, 7168)],
-                 "decode": [(9, 24, 1, 7168)]}}
-PARTS = ("multi", "merge", "block", "decode")
+                 "decode": [(9, 24, 1, 7168)], "multi-bwd": [(8, 24, 8192, 7168)]}}
+PARTS = ("multi", "merge", "block", "decode", "multi-bwd")
 EPS = 1e-6
 
 
@@ -85,6 +92,37 @@ def run_multi(ctx: Context, cases) -> list[dict]:
             rows.append(measure(ctx, OP, ("multi",) + case, "eager", "fwd", lambda: _eager_multi(contiguous, queries),
                                 nbytes=nbytes))
         del bank, values
+        ctx.empty_cache()
+    return rows
+
+
+def run_multi_backward(ctx: Context, cases) -> list[dict]:
+    import fusedops
+
+    rows = []
+    esize = torch.empty((), dtype=ctx.dtype).element_size()
+    for case in cases:
+        n, m, tokens, dim = case
+        values = torch.randn(n, tokens, dim, device=ctx.device, dtype=ctx.dtype).requires_grad_()
+        queries = (0.05 * torch.randn(m, dim, device=ctx.device)).requires_grad_()
+        grad_out = torch.randn(m, tokens, dim, device=ctx.device, dtype=ctx.dtype)
+        nbytes = (3 * n + 2 * m) * tokens * dim * esize + m * tokens * 4
+
+        def fused():
+            values.grad = queries.grad = None
+            out, _ = fusedops.attn_res_multi(values, queries, EPS)
+            out.backward(grad_out)
+
+        def single():
+            values.grad = queries.grad = None
+            outs = [fusedops.attn_res(values, q, None, EPS) for q in queries.unbind(0)]
+            torch.autograd.backward(outs, list(grad_out.unbind(0)))
+
+        rows.append(measure(ctx, OP, ("multi-bwd",) + case, "fusedops", "fwd+bwd", fused, nbytes=nbytes))
+        rows.append(measure(ctx, OP, ("multi-bwd",) + case, "M x fusedops.attn_res", "fwd+bwd", single,
+                            nbytes=nbytes))
+        values.grad = queries.grad = None
+        del values, queries, grad_out
         ctx.empty_cache()
     return rows
 
@@ -197,7 +235,7 @@ def run(ctx: Context, parts=PARTS) -> list[dict]:
         cases = table[part]
         if ctx.sizes:
             cases = [c for c in cases if any(s.replace(" ", "") in ",".join(map(str, c)) for s in ctx.sizes)]
-        runner = {"multi": run_multi, "merge": run_merge}.get(part)
+        runner = {"multi": run_multi, "merge": run_merge, "multi-bwd": run_multi_backward}.get(part)
         rows += runner(ctx, cases) if runner else run_block(ctx, cases, part)
     return rows
 

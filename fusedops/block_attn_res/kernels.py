@@ -361,6 +361,150 @@ def attn_res_multi_bwd_kernel(
 
 
 @triton.jit
+def _dot_f32(a, b, acc, BF16: tl.constexpr):
+    """acc + a @ b of two float32 operands: with BF16 on bfloat16 tensor cores, each split into two bfloat16 terms
+    and the three largest products summed (~16 bits each, as _split_dot); else tf32x3."""
+    if BF16:
+        a_hi = a.to(tl.bfloat16)
+        a_lo = (a - a_hi.to(tl.float32)).to(tl.bfloat16)
+        b_hi = b.to(tl.bfloat16)
+        b_lo = (b - b_hi.to(tl.float32)).to(tl.bfloat16)
+        acc = tl.dot(a_lo, b_hi, acc)
+        acc = tl.dot(a_hi, b_lo, acc)
+        return tl.dot(a_hi, b_hi, acc)
+    return tl.dot(a, b, acc, input_precision="tf32x3")
+
+
+@triton.jit
+def _dot_rows(a, x, acc, BF16: tl.constexpr):
+    """acc + a @ x for float32 weights a and rows x as stored (bfloat16 with BF16: _split_dot, the rows exact)."""
+    if BF16:
+        return _split_dot(a, x, acc, True)
+    return tl.dot(a, x.to(tl.float32), acc, input_precision="tf32x3")
+
+
+@triton.jit
+def attn_res_multi_bwd_stats_kernel(
+    v_ptr, q_ptr, g_ptr, glse_ptr, alpha_ptr, coef_ptr, ck_ptr,
+    N, M, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, QS, OUT_STEP, eps,
+    HAS_G: tl.constexpr, HAS_DLSE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BF16: tl.constexpr, HALF: tl.constexpr,
+):
+    """The tensor-core backward's first pass, BLOCK_T tokens a program: the token block's rows ([BLOCK_T x
+    BLOCK_N source slots, D], token-major) against the query tile ([D, BLOCK_M], read once per BLOCK_T tokens)
+    give the logits; each token's grad_out rows against its own rows ([BLOCK_M, D] x [D, BLOCK_N], a batched
+    dot) give <g_l, v_i>. Then per token, as attn_res_multi_bwd_kernel's pass 1: alpha, coef = ds rstd and
+    ck_i = sum_l coef_{l,i} s_{l,i} rstd_i / D, written to alpha_ptr and coef_ptr ([T, M, N] float32) and ck_ptr
+    ([T, N]). The rows enter the dots exactly; the queries are split (BF16: bfloat16 rows, _split_dot) or tf32x3.
+    HALF: 16-bit rows and grad_out, whose products are exact on tensor cores."""
+    eps = tl.cast(eps, tl.float32)  # Inductor passes Python floats as fp64
+    t0 = tl.program_id(0).to(tl.int64) * BLOCK_T
+    r = tl.arange(0, BLOCK_T * BLOCK_N)
+    i_r = r % BLOCK_N
+    t_r = t0 + r // BLOCK_N
+    r_mask = (i_r < N) & (t_r < T)
+    rows = _token_rows(t_r, S1, S2, ST0, ST1, ST2) + i_r.to(tl.int64) * STRIDE_N
+    t = t0 + tl.arange(0, BLOCK_T)
+    m = tl.arange(0, BLOCK_M)
+    n = tl.arange(0, BLOCK_N)
+    tm_mask = (t < T)[:, None] & (m < M)[None, :]
+    g_rows = m.to(tl.int64)[None, :] * OUT_STEP + t[:, None] * D
+    sq = tl.zeros([BLOCK_T * BLOCK_N], tl.float32)
+    qv = tl.zeros([BLOCK_T * BLOCK_N, BLOCK_M], tl.float32)
+    gv = tl.zeros([BLOCK_T, BLOCK_M, BLOCK_N], tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        d = d0 + tl.arange(0, BLOCK_D)
+        d_mask = d < D
+        x = tl.load(v_ptr + rows[:, None] + d[None, :], mask=r_mask[:, None] & d_mask[None, :], other=0.0)
+        q = tl.load(q_ptr + m[:, None] * QS + d[None, :], mask=(m < M)[:, None] & d_mask[None, :],
+                    other=0.0).to(tl.float32)
+        xf = x.to(tl.float32)
+        sq += tl.sum(xf * xf, axis=1)
+        if BF16:
+            qv = _split_dot(x, tl.trans(q), qv, False)
+        else:
+            qv = tl.dot(xf, tl.trans(q), qv, input_precision="tf32x3")
+        if HAS_G:
+            g = tl.load(g_ptr + g_rows[:, :, None] + d[None, None, :],
+                        mask=tm_mask[:, :, None] & d_mask[None, None, :], other=0.0)
+            xt = tl.permute(tl.reshape(x, (BLOCK_T, BLOCK_N, BLOCK_D)), (0, 2, 1))
+            if HALF:
+                gv = tl.dot(g, xt, gv)
+            else:
+                gv = tl.dot(g.to(tl.float32), xt.to(tl.float32), gv, input_precision="tf32x3")
+    rstd = tl.reshape(tl.rsqrt(sq / D + eps), (BLOCK_T, BLOCK_N))
+    logits = tl.permute(tl.reshape(qv, (BLOCK_T, BLOCK_N, BLOCK_M)), (0, 2, 1)) * rstd[:, None, :]
+    s = tl.where((n < N)[None, None, :], logits, float("-inf"))
+    mx = tl.max(s, axis=2)
+    p = tl.exp(s - _finite_or_zero(mx)[:, :, None])
+    alpha = p / tl.sum(p, axis=2)[:, :, None]
+    g_out = tl.sum(alpha * gv, axis=2)
+    if HAS_DLSE:
+        g_out -= tl.load(glse_ptr + m[None, :] * T + t[:, None], mask=tm_mask, other=0.0).to(tl.float32)
+    mask = tm_mask[:, :, None] & (n < N)[None, None, :]
+    coef = tl.where(mask, alpha * (gv - g_out[:, :, None]) * rstd[:, None, :], 0.0)
+    ck = tl.sum(coef * logits * rstd[:, None, :], axis=1) / D
+    at = (t[:, None, None] * M + m[None, :, None]) * N + n[None, None, :]
+    tl.store(alpha_ptr + at, alpha, mask=mask)
+    tl.store(coef_ptr + at, coef, mask=mask)
+    tl.store(ck_ptr + t[:, None] * N + n[None, :], ck, mask=(t < T)[:, None] & (n < N)[None, :])
+
+
+@triton.jit
+def attn_res_multi_bwd_grads_kernel(
+    v_ptr, q_ptr, g_ptr, alpha_ptr, coef_ptr, ck_ptr, dv_ptr, partial_ptr,
+    N, M, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, QS, OUT_STEP, DV_STEP, TOKENS_PER_PROGRAM,
+    HAS_G: tl.constexpr, NEED_DV: tl.constexpr, NEED_DQ: tl.constexpr, BLOCK_T: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BF16: tl.constexpr,
+):
+    """The tensor-core backward's second pass: program (c, p) owns features [c BLOCK_D, (c + 1) BLOCK_D) of
+    tokens [p, p + 1) x TOKENS_PER_PROGRAM, BLOCK_T a step, from the first pass's alpha, coef and ck:
+      dv_i = sum_l alpha_{l,i} g_l + sum_l coef_{l,i} q_l - ck_i v_i   (per token, batched dots; the query tile
+      is loaded once), and the query gradient's partial sums sum_t sum_i coef_{l,i} v_i (one dot over the
+    block's token x source rows), written once to row p of partial_ptr ([programs, M, D] float32)."""
+    d = tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)
+    d_mask = d < D
+    m = tl.arange(0, BLOCK_M)
+    n = tl.arange(0, BLOCK_N)
+    q = tl.load(q_ptr + m[:, None] * QS + d[None, :], mask=(m < M)[:, None] & d_mask[None, :],
+                other=0.0).to(tl.float32)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    r = tl.arange(0, BLOCK_T * BLOCK_N)
+    i_r = r % BLOCK_N
+    t_begin = tl.program_id(1).to(tl.int64) * TOKENS_PER_PROGRAM
+    t_end = tl.minimum(t_begin + TOKENS_PER_PROGRAM, T)
+    for t0 in range(t_begin, t_end, BLOCK_T):
+        t = t0 + tl.arange(0, BLOCK_T)
+        t_mask = t < t_end
+        t_r = t0 + r // BLOCK_N
+        r_mask = (i_r < N) & (t_r < t_end)
+        rows = _token_rows(t_r, S1, S2, ST0, ST1, ST2) + i_r.to(tl.int64) * STRIDE_N
+        x = tl.load(v_ptr + rows[:, None] + d[None, :], mask=r_mask[:, None] & d_mask[None, :], other=0.0)
+        at = (t[:, None, None] * M + m[None, None, :]) * N + n[None, :, None]  # [BLOCK_T, BLOCK_N, BLOCK_M]
+        w_mask = t_mask[:, None, None] & (n < N)[None, :, None] & (m < M)[None, None, :]
+        coef_t = tl.load(coef_ptr + at, mask=w_mask, other=0.0)
+        if NEED_DV:
+            ck = tl.load(ck_ptr + t_r * N + i_r, mask=r_mask, other=0.0)
+            dv = _dot_f32(tl.reshape(coef_t, (BLOCK_T * BLOCK_N, BLOCK_M)), q,
+                          tl.zeros([BLOCK_T * BLOCK_N, BLOCK_D], tl.float32), BF16)
+            dv -= ck[:, None] * x.to(tl.float32)
+            if HAS_G:
+                alpha_t = tl.load(alpha_ptr + at, mask=w_mask, other=0.0)
+                g = tl.load(g_ptr + m.to(tl.int64)[None, :, None] * OUT_STEP + t[:, None, None] * D + d[None, None, :],
+                            mask=t_mask[:, None, None] & (m < M)[None, :, None] & d_mask[None, None, :], other=0.0)
+                dv = tl.reshape(_dot_rows(alpha_t, g, tl.reshape(dv, (BLOCK_T, BLOCK_N, BLOCK_D)), BF16),
+                                (BLOCK_T * BLOCK_N, BLOCK_D))
+            tl.store(dv_ptr + i_r.to(tl.int64)[:, None] * DV_STEP + t_r[:, None] * D + d[None, :],
+                     dv.to(dv_ptr.dtype.element_ty), mask=r_mask[:, None] & d_mask[None, :])
+        if NEED_DQ:
+            coef_rows = tl.reshape(tl.permute(coef_t, (2, 0, 1)), (BLOCK_M, BLOCK_T * BLOCK_N))
+            dq = _dot_rows(coef_rows, x, dq, BF16)
+    if NEED_DQ:
+        tl.store(partial_ptr + tl.program_id(1).to(tl.int64) * M * D + m[:, None] * D + d[None, :], dq,
+                 mask=(m < M)[:, None] & d_mask[None, :])
+
+
+@triton.jit
 def _merged_tile(p_ptr, a1_ptr, a2_ptr, t, d, mask, P_ST, A1_ST, A2_ST, NUM_ADD: tl.constexpr, ACC: tl.constexpr):
     """(p + a1 + a2) of rows t, features d, summed in ACC and rounded once to p's dtype, then as ACC."""
     x = tl.load(p_ptr + t[:, None] * P_ST + d[None, :], mask=mask, other=0.0).to(ACC)

@@ -27,7 +27,9 @@ from . import reference
 from .kernels import (
     attn_res_merge_bwd_kernel,
     attn_res_merge_fwd_kernel,
+    attn_res_multi_bwd_grads_kernel,
     attn_res_multi_bwd_kernel,
+    attn_res_multi_bwd_stats_kernel,
     attn_res_multi_fwd_dot_kernel,
     attn_res_multi_fwd_kernel,
     attn_res_multi_logits_kernel,
@@ -157,21 +159,54 @@ def _multi_backward(grad_out: Optional[Tensor], grad_lse: Optional[Tensor], valu
     acc = accumulate_dtype(values.dtype)
     plan = forced_plan(multi_plan(target, tokens, n, m, dim, values.element_size(), backward=True), "multi_bwd",
                        sources=n, queries=m, dim=dim)
-    partial = values.new_zeros((plan.grid, m, dim) if need_queries else (1,), dtype=acc)
     s1, s2, st0, st1, st2 = sources_walk(values)
     g = values if grad_out is None else grad_out.contiguous()
     glse = values if grad_lse is None else grad_lse.contiguous()
+    walk = dict(N=n, M=m, T=tokens, D=dim, S1=s1, S2=s2, ST0=st0, ST1=st1, ST2=st2, STRIDE_N=values.stride(0),
+                QS=queries.stride(0), OUT_STEP=tokens * dim)
+    flags = dict(HAS_G=grad_out is not None, NEED_DV=need_values, NEED_DQ=need_queries)
+    if plan.dot:
+        _multi_backward_dot(g, glse, values, queries, grad_values, grad_queries, grad_lse is not None, eps, plan,
+                            walk, flags, target.interpreted)
+        return grad_values, grad_queries
+    partial = values.new_zeros((plan.grid, m, dim) if need_queries else (1,), dtype=acc)
     launch(attn_res_multi_bwd_kernel, (plan.grid,),
            dict(g_ptr=g, glse_ptr=glse, v_ptr=values, q_ptr=queries, dv_ptr=grad_values if need_values else values,
-                partial_ptr=partial, N=n, M=m, T=tokens, D=dim, S1=s1, S2=s2, ST0=st0, ST1=st1, ST2=st2,
-                STRIDE_N=values.stride(0), QS=queries.stride(0), OUT_STEP=tokens * dim, DV_STEP=tokens * dim,
-                eps=eps),
-           dict(HAS_G=grad_out is not None, HAS_DLSE=grad_lse is not None, NEED_DV=need_values,
-                NEED_DQ=need_queries, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d,
+                partial_ptr=partial, **walk, DV_STEP=tokens * dim, eps=eps),
+           dict(flags, HAS_DLSE=grad_lse is not None, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d,
                 F64=acc == torch.float64, num_warps=plan.num_warps))
     if need_queries:
         grad_queries.copy_(partial.sum(0))  # a fixed-order reduction: deterministic
     return grad_values, grad_queries
+
+
+def _multi_backward_dot(g, glse, values, queries, grad_values, grad_queries, has_dlse: bool, eps: float,
+                        plan: MultiPlan, walk: dict, flags: dict, interpreted: bool) -> None:
+    """The tensor-core backward: attn_res_multi_bwd_stats_kernel writes each (token, query, source)'s alpha and
+    coef and each (token, source)'s ck, then attn_res_multi_bwd_grads_kernel the gradients from them."""
+    tokens, m, n, dim = walk["T"], walk["M"], walk["N"], walk["D"]
+    alpha, coef = (values.new_empty((tokens, m, n), dtype=torch.float32) for _ in range(2))
+    ck = values.new_empty((tokens, n), dtype=torch.float32)
+    # the interpreter's bfloat16 tl.dot is wrong: there bfloat16 takes the tf32x3 path
+    exact_bf16 = values.dtype == torch.bfloat16 and not interpreted
+    precision = dict(BF16=exact_bf16)
+    launch(attn_res_multi_bwd_stats_kernel, (-(-tokens // plan.block_t),),
+           dict(v_ptr=values, q_ptr=queries, g_ptr=g, glse_ptr=glse, alpha_ptr=alpha, coef_ptr=coef, ck_ptr=ck,
+                **walk, eps=eps),
+           dict(HAS_G=flags["HAS_G"], HAS_DLSE=has_dlse, BLOCK_T=plan.block_t, BLOCK_M=plan.block_m,
+                BLOCK_N=plan.block_n, BLOCK_D=plan.block_d, HALF=exact_bf16 or values.dtype == torch.float16,
+                num_warps=plan.num_warps, **precision))
+    per_program = -(-(-(-tokens // plan.grid)) // plan.block_t) * plan.block_t
+    programs = -(-tokens // per_program)
+    partial = values.new_empty((programs, m, dim) if flags["NEED_DQ"] else (1,), dtype=torch.float32)
+    launch(attn_res_multi_bwd_grads_kernel, (-(-dim // plan.block_d2), programs),
+           dict(v_ptr=values, q_ptr=queries, g_ptr=g, alpha_ptr=alpha, coef_ptr=coef, ck_ptr=ck,
+                dv_ptr=grad_values if flags["NEED_DV"] else values, partial_ptr=partial, **walk, DV_STEP=tokens * dim,
+                TOKENS_PER_PROGRAM=per_program),
+           dict(flags, BLOCK_T=plan.block_t, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d2,
+                num_warps=plan.out_warps, **precision))
+    if flags["NEED_DQ"]:
+        grad_queries.copy_(partial.sum(0))  # a fixed-order reduction: deterministic
 
 
 def _multi_run(values: Tensor, queries: Tensor, eps: float) -> tuple[Tensor, Tensor]:

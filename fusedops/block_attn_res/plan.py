@@ -113,6 +113,8 @@ def multi_plan(target: Target, tokens: int, sources: int, queries: int, dim: int
     warps = _warps(row, block_m * block_d)
     d_tiles = -(-dim // block_d)
     slots = target.vector_cores * target.resident
+    if backward and row.get("dot") and elem_size != 8:  # float64 never runs on tensor cores
+        return _dot_backward_plan(target, row, tokens, sources, queries, dim)
     if backward:
         # One program per core, not per resident slot: each owns a [M, D] ACC row of query-gradient partial
         # sums (M = 24, D = 7168 on 132 SMs: 91 MB), which a GPU sweep may want to shrink further.
@@ -227,6 +229,21 @@ def _two_pass_plan(target: Target, row: dict, tokens: int, hint: int, sources: i
     return MultiPlan(block_m, head, block_d, 1, dim, -(-tokens * sources // rows), row["logit_warps"], rows, True,
                      row["logit_stages"], block_d2, two_pass=True, tail_rows=tail, out_warps=row["out_warps"],
                      constant_dim=row["constant_dim"])
+
+
+def _dot_backward_plan(target: Target, row: dict, tokens: int, sources: int, queries: int, dim: int) -> MultiPlan:
+    """The tensor-core backward (16/32-bit values): a statistics pass of block_t tokens a program over D in block_d
+    tiles (num_warps), then a gradients pass whose program (c, p) owns block_d2 features of the p-th of `grid`
+    token ranges (out_warps): enough ranges that every core has row["dot_programs_per_core"] programs, each range
+    a row of [grid, M, D] query-gradient partial sums. Where the row came from: bench/NOTES.md, Block AttnRes run 3."""
+    block_t = row["dot_tokens"]
+    block_d2 = max(DOT_MIN, min(next_pow2(dim), row["dot_grad_tile_d"]))
+    blocks = -(-tokens // block_t)
+    wanted = max(1, target.vector_cores * row["dot_programs_per_core"] // -(-dim // block_d2))
+    return MultiPlan(pow2_at_least(queries, DOT_MIN), pow2_at_least(sources, DOT_MIN),
+                     max(DOT_MIN, min(next_pow2(dim), row["dot_tile_d"])), 1, dim,
+                     torch.sym_max(1, torch.sym_min(blocks, wanted)), row["dot_warps"], block_t, True,
+                     block_d2=block_d2, out_warps=row["dot_grad_warps"])
 
 
 def forced_plan(plan, kernel: str, *, sources: int, queries: int, dim: int):
