@@ -265,8 +265,6 @@ def sweep_backward_dim() -> None:
     planner's plan against its kernel (one-pass or depth tile) on BWD_DIM_CONFIGS' warps and programs per SM; then
     forward+backward steps, ours and fla-core's, as % of copy of (N + 1) + (2N + 1) rows."""
     from fusedops.attn_res.op import backward_plan
-    from fusedops.bench.attn_res import fla
-    from fusedops.bench.common import MissingBaseline, cuda_graph_step
 
     dev, target, ceiling = _cuda_setup()
     table = []
@@ -289,12 +287,7 @@ def sweep_backward_dim() -> None:
             label = f"{kind} w{warps} {per_sm}/SM"
             print(f"{case} {label}: {ms:.4f} ms {100 * nbytes / ms / 1e9 / ceiling:.1f}% err {err:.1e}", flush=True)
             best = min(best, (ms, label))
-        steps = {}
-        for name, fn in (("fusedops", lambda a, b, c: fusedops.attn_res(a, b, c)), ("fla", fla)):
-            try:
-                steps[name] = triton.testing.do_bench(cuda_graph_step(fn, (v, q, w)), return_mode="median")
-            except MissingBaseline:
-                steps[name] = float("nan")
+        steps = _steps(v, q, w, with_fla=True)
         table.append((case, planned, *best, steps["fusedops"], steps["fla"], nbytes, step_bytes))
         del v, g, out, ref
         torch.cuda.empty_cache()
@@ -304,6 +297,22 @@ def sweep_backward_dim() -> None:
         pct = lambda ms, b: 100 * b / ms / 1e9 / ceiling  # noqa: E731
         print(f"{case} | {t_plan:.4f} ({pct(t_plan, nb):.1f}%) | {t_best:.4f} ({cfg}, {pct(t_best, nb):.1f}%) | "
               f"{t_ours:.4f} ({pct(t_ours, sb):.1f}%) | {t_fla:.4f} ({pct(t_fla, sb):.1f}%)")
+
+
+def _steps(v, q, w, with_fla: bool) -> dict:
+    """{"fusedops", "fla"}: the fwd+bwd step replayed from a CUDA graph, ms (nan where fla is absent or not wanted)."""
+    from fusedops.bench.attn_res import fla
+    from fusedops.bench.common import MissingBaseline, cuda_graph_step
+
+    steps = {"fla": float("nan")}
+    for name, fn in (("fusedops", lambda a, b, c: fusedops.attn_res(a, b, c)), ("fla", fla)):
+        if name == "fla" and not with_fla:
+            continue
+        try:
+            steps[name] = triton.testing.do_bench(cuda_graph_step(fn, (v, q, w)), return_mode="median")
+        except MissingBaseline:
+            pass
+    return steps
 
 
 def _split_rows(target, per_core: int) -> list:
@@ -324,8 +333,6 @@ def sweep_backward_wide() -> None:
     tiles, warps and programs per SM; then fwd+bwd steps, ours and fla-core's (TUNE_FLA=0: not fla's). % of copy over
     (2N + 1) rows."""
     from fusedops.attn_res.op import backward_plan
-    from fusedops.bench.attn_res import fla
-    from fusedops.bench.common import MissingBaseline, cuda_graph_step
     from fusedops.plans import candidate_rows
 
     dev, target, ceiling = _cuda_setup()
@@ -357,14 +364,7 @@ def sweep_backward_wide() -> None:
                 label = f"bt{bt} bd{bd} w{warps} {per_sm}/SM"
                 print(f"{case} {label}: {ms:.4f} ms {pct(ms, nbytes):.1f}% err {err:.1e}", flush=True)
                 best = min(best, (ms, label))
-        steps = {}
-        for name, fn in (("fusedops", lambda a, b, c: fusedops.attn_res(a, b, c)), ("fla", fla)):
-            try:
-                if name == "fla" and os.environ.get("TUNE_FLA", "1") == "0":
-                    raise MissingBaseline("TUNE_FLA=0")
-                steps[name] = triton.testing.do_bench(cuda_graph_step(fn, (v, q, w)), return_mode="median")
-            except MissingBaseline:
-                steps[name] = float("nan")
+        steps = _steps(v, q, w, with_fla=os.environ.get("TUNE_FLA", "1") != "0")
         table.append((case, planned, *best, steps["fusedops"], steps["fla"], nbytes))
         del v, g, ref
         torch.cuda.empty_cache()

@@ -119,6 +119,17 @@ def _split_dot(a, b, acc, SPLIT_A: tl.constexpr):
 
 
 @triton.jit
+def _logit_terms(x, q, dot, sq, BF16: tl.constexpr):
+    """(dot + x q^T, sq + the rows' sums of squares) for rows x as stored and float32 queries q (split into
+    bfloat16 terms with BF16, else tf32x3)."""
+    xf = x.to(tl.float32)
+    sq += tl.sum(xf * xf, axis=1)
+    if BF16:
+        return _split_dot(x, tl.trans(q), dot, False), sq
+    return tl.dot(xf, tl.trans(q), dot, input_precision="tf32x3"), sq
+
+
+@triton.jit
 def _logit_tile(v_ptr, q_ptr, rows, r_mask, m, m_mask, D, QS, eps, BLOCK_R: tl.constexpr, BLOCK_M: tl.constexpr,
                 BLOCK_D: tl.constexpr, BF16: tl.constexpr):
     """Logits [BLOCK_R, BLOCK_M] of source rows `rows` (element offsets, masked by r_mask) against every query,
@@ -132,12 +143,7 @@ def _logit_tile(v_ptr, q_ptr, rows, r_mask, m, m_mask, D, QS, eps, BLOCK_R: tl.c
         x = tl.load(v_ptr + rows[:, None] + d[None, :], mask=r_mask[:, None] & d_mask[None, :], other=0.0)
         q = tl.load(q_ptr + m[:, None] * QS + d[None, :], mask=m_mask[:, None] & d_mask[None, :],
                     other=0.0).to(tl.float32)
-        xf = x.to(tl.float32)
-        sq += tl.sum(xf * xf, axis=1)
-        if BF16:
-            dot = _split_dot(x, tl.trans(q), dot, False)
-        else:
-            dot = tl.dot(xf, tl.trans(q), dot, input_precision="tf32x3")
+        dot, sq = _logit_terms(x, q, dot, sq, BF16)
     return dot * tl.rsqrt(sq / D + eps)[:, None]
 
 
@@ -418,12 +424,7 @@ def attn_res_multi_bwd_stats_kernel(
         x = tl.load(v_ptr + rows[:, None] + d[None, :], mask=r_mask[:, None] & d_mask[None, :], other=0.0)
         q = tl.load(q_ptr + m[:, None] * QS + d[None, :], mask=(m < M)[:, None] & d_mask[None, :],
                     other=0.0).to(tl.float32)
-        xf = x.to(tl.float32)
-        sq += tl.sum(xf * xf, axis=1)
-        if BF16:
-            qv = _split_dot(x, tl.trans(q), qv, False)
-        else:
-            qv = tl.dot(xf, tl.trans(q), qv, input_precision="tf32x3")
+        qv, sq = _logit_terms(x, q, qv, sq, BF16)
         if HAS_G:
             g = tl.load(g_ptr + g_rows[:, :, None] + d[None, None, :],
                         mask=tm_mask[:, :, None] & d_mask[None, None, :], other=0.0)
