@@ -3,7 +3,9 @@ then its gradients kernel's feature tile, warps and token ranges, each forced wi
 row, the whole backward (bf16 values and grad_out, fp32 queries; gradients of both) timed as a CUDA-graph replay;
 % of the copy bandwidth measured in the same run, counting (2N + M) U (values and grad_out read, grad_values
 written; U = tokens x D x 2 bytes). The CUDA-core kernel it replaces (dot=False) is timed once per case beside it,
-with the largest relative difference between the two. Last run with torch 2.11 + Triton 3.6 on an H200 and an H100.
+with the largest relative difference between the two (MB_OLD=0: not; MB_STATS=0: the statistics kernel as planned;
+MB_GRADS=steps: the gradients kernel's tokens a step x warps x pipelining stages instead of its tiles, none: as
+planned). Last run with torch 2.11 + Triton 3.6 on an H200 and an H100.
 
     python -m bench.experiments.multi_backward_tiles"""
 
@@ -74,14 +76,20 @@ def main():
         planned_ms, planned = timed("planned", **{})
         _kernel_times(case, run)
         plan = multi_plan(target, tokens, n, m, dim, 2, backward=True)
-        old_ms, old = (timed("CUDA-core kernel (dot=False)", dot=False, grid=target.vector_cores) if tokens <= 8192
-                       else (float("nan"), None))
+        old_ms, old = (timed("CUDA-core kernel (dot=False)", dot=False, grid=target.vector_cores)
+                       if tokens <= 8192 and os.environ.get("MB_OLD", "1") == "1" else (float("nan"), None))
         if old is not None:
             diff = max(((a.float() - b.float()).norm() / b.float().norm()).item() for a, b in zip(planned, old))
             print(f"{case} relative difference tensor-core vs CUDA-core: {diff:.2e}", flush=True)
-        best_stats = min(((timed(f"stats {c}", **c)[0], str(c), c) for c in STATS), key=lambda b: b[0])
+        stats = STATS if os.environ.get("MB_STATS", "1") == "1" else [dict(block_t=plan.block_t)]
+        best_stats = min(((timed(f"stats {c}", **c)[0], str(c), c) for c in stats), key=lambda b: b[0])
         groups = sorted({max(1, target.vector_cores * k // -(-dim // 64)) for k in (1, 2, 4, 8)})
         grads = [dict(g, grid=p) for g in GRADS for p in groups]
+        if os.environ.get("MB_GRADS") == "none":
+            grads = [{}]
+        if os.environ.get("MB_GRADS") == "steps":  # the gradients kernel's tokens a step, warps and stages
+            grads = [dict(grad_tokens=bt, out_warps=w, grad_stages=st) for bt in (2, 4, 8) for w in (4, 8)
+                     for st in (2, 3)]
         best_grads = min(((timed(f"grads {c} + {best_stats[1]}", **c, **best_stats[2])[0], str(c), c) for c in grads),
                          key=lambda b: b[0])
         pct = lambda ms, nbytes=nbytes: 100 * nbytes / ms / 1e9 / ceiling  # noqa: E731

@@ -244,7 +244,8 @@ def _backward(
                         LAST_STAT=(n - 1) * tokens, LAST_DV=(n - 1) * tokens * dim, SLICE=slice_rows)
             flags = dict(flags, ONE_TILE=plan.one_tile and not slice_rows, UNROLL=plan.unroll, BLOCK_T=plan.block_t)
             for phase in (1, 2) if slice_rows else (0,):
-                launch(attn_res_bwd_kernel, (plan.grid, slices), args, dict(flags, PHASE=phase))
+                launch(attn_res_bwd_kernel, (plan.grid, slices) if slice_rows else (plan.grid,), args,
+                       dict(flags, PHASE=phase))
     if need_du:
         # With a stash the reduction also rewrites the stashed rows (from grad_out and values).
         rows_from = (grad_out, values, grad_values) if stash else (partial, partial, partial)

@@ -196,15 +196,17 @@ def _multi_backward_dot(g, glse, values, queries, grad_values, grad_queries, has
            dict(HAS_G=flags["HAS_G"], HAS_DLSE=has_dlse, BLOCK_T=plan.block_t, BLOCK_M=plan.block_m,
                 BLOCK_N=plan.block_n, BLOCK_D=plan.block_d, HALF=exact_bf16 or values.dtype == torch.float16,
                 num_warps=plan.num_warps, **precision))
-    per_program = -(-(-(-tokens // plan.grid)) // plan.block_t) * plan.block_t
+    step = plan.grad_tokens or plan.block_t
+    per_program = -(-(-(-tokens // plan.grid)) // step) * step
     programs = -(-tokens // per_program)
     partial = values.new_empty((programs, m, dim) if flags["NEED_DQ"] else (1,), dtype=torch.float32)
+    stages = {"num_stages": plan.grad_stages} if plan.grad_stages else {}
     launch(attn_res_multi_bwd_grads_kernel, (-(-dim // plan.block_d2), programs),
            dict(v_ptr=values, q_ptr=queries, g_ptr=g, alpha_ptr=alpha, coef_ptr=coef, ck_ptr=ck,
                 dv_ptr=grad_values if flags["NEED_DV"] else values, partial_ptr=partial, **walk, DV_STEP=tokens * dim,
                 TOKENS_PER_PROGRAM=per_program),
-           dict(flags, BLOCK_T=plan.block_t, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d2,
-                num_warps=plan.out_warps, **precision))
+           dict(flags, BLOCK_T=step, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d2,
+                num_warps=plan.out_warps, **precision, **stages))
     if flags["NEED_DQ"]:
         grad_queries.copy_(partial.sum(0))  # a fixed-order reduction: deterministic
 

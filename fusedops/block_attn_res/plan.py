@@ -90,6 +90,10 @@ class MultiPlan:
     tail_rows: int = 0
     out_warps: int = 4  # the outputs kernel's warps
     constant_dim: bool = False  # its kernels take D as a compile-time constant
+    # The tensor-core backward's gradients kernel (block_d2 features, out_warps): tokens a step (0: block_t) and its
+    # software-pipelining stages (0: Triton's default)
+    grad_tokens: int = 0
+    grad_stages: int = 0
 
 
 @memoize
@@ -234,8 +238,9 @@ def _two_pass_plan(target: Target, row: dict, tokens: int, hint: int, sources: i
 def _dot_backward_plan(target: Target, row: dict, tokens: int, sources: int, queries: int, dim: int) -> MultiPlan:
     """The tensor-core backward (16/32-bit values): a statistics pass of block_t tokens a program over D in block_d
     tiles (num_warps), then a gradients pass whose program (c, p) owns block_d2 features of the p-th of `grid`
-    token ranges (out_warps): enough ranges that every core has row["dot_programs_per_core"] programs, each range
-    a row of [grid, M, D] query-gradient partial sums. Where the row came from: bench/NOTES.md, Block AttnRes run 3."""
+    token ranges (out_warps, grad_tokens a step, grad_stages): enough ranges that every core has
+    row["dot_programs_per_core"] programs, each range a row of [grid, M, D] query-gradient partial sums. Where the
+    row came from: bench/NOTES.md, Block AttnRes run 3."""
     block_t = row["dot_tokens"]
     block_d2 = max(DOT_MIN, min(next_pow2(dim), row["dot_grad_tile_d"]))
     blocks = -(-tokens // block_t)
@@ -243,7 +248,8 @@ def _dot_backward_plan(target: Target, row: dict, tokens: int, sources: int, que
     return MultiPlan(pow2_at_least(queries, DOT_MIN), pow2_at_least(sources, DOT_MIN),
                      max(DOT_MIN, min(next_pow2(dim), row["dot_tile_d"])), 1, dim,
                      torch.sym_max(1, torch.sym_min(blocks, wanted)), row["dot_warps"], block_t, True,
-                     block_d2=block_d2, out_warps=row["dot_grad_warps"])
+                     block_d2=block_d2, out_warps=row["dot_grad_warps"], grad_tokens=row["dot_grad_tokens"],
+                     grad_stages=row["dot_grad_stages"])
 
 
 def forced_plan(plan, kernel: str, *, sources: int, queries: int, dim: int):
