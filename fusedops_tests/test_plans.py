@@ -137,6 +137,12 @@ def test_block_attn_res_plans_come_from_its_table():
                                                                              block_d2=64, out_warps=4, grad_tokens=4)
     # float64 values keep the CUDA-core backward
     assert multi_plan(h200, 8192, 9, 8, 7168, 8, backward=True) == MultiPlan(8, 16, 512, 1, 7168, 132, 8)
+    # deep or wide blocks take fewer tokens a step, 32-bit values half as many; past the caps the CUDA-core kernel
+    steps = {(n, m, size): (p.dot, p.block_t, p.grad_tokens) for n, m, size in
+             ((40, 33, 2), (8, 24, 4), (128, 24, 2), (128, 24, 4), (8, 65, 2))
+             for p in [multi_plan(h200, 8192, n, m, 4096, size, backward=True)]}
+    assert steps == {(40, 33, 2): (True, 2, 2), (8, 24, 4): (True, 4, 2), (128, 24, 2): (True, 1, 1),
+                     (128, 24, 4): (False, 1, 0), (8, 65, 2): (False, 1, 0)}
     assert merge_plan(h200, 1, 7168, 2) == MergePlan(1, 8192, 1, 16, True, 1, True)
     assert merge_plan(h200, 8192, 7168, 2) == MergePlan(1, 8192, 8192, 8, True, 1, True)
     row = next(r for r in plans.table("block_attn_res")["rows"]

@@ -118,7 +118,9 @@ def multi_plan(target: Target, tokens: int, sources: int, queries: int, dim: int
     d_tiles = -(-dim // block_d)
     slots = target.vector_cores * target.resident
     if backward and row.get("dot") and elem_size != 8:  # float64 never runs on tensor cores
-        return _dot_backward_plan(target, row, tokens, sources, queries, dim)
+        plan = _dot_backward_plan(target, row, tokens, sources, queries, dim, elem_size)
+        if plan is not None:
+            return plan
     if backward:
         # One program per core, not per resident slot: each owns a [M, D] ACC row of query-gradient partial
         # sums (M = 24, D = 7168 on 132 SMs: 91 MB), which a GPU sweep may want to shrink further.
@@ -235,20 +237,33 @@ def _two_pass_plan(target: Target, row: dict, tokens: int, hint: int, sources: i
                      constant_dim=row["constant_dim"])
 
 
-def _dot_backward_plan(target: Target, row: dict, tokens: int, sources: int, queries: int, dim: int) -> MultiPlan:
+def _dot_backward_plan(target: Target, row: dict, tokens: int, sources: int, queries: int, dim: int,
+                       elem_size: int) -> MultiPlan | None:
     """The tensor-core backward (16/32-bit values): a statistics pass of block_t tokens a program over D in block_d
     tiles (num_warps), then a gradients pass whose program (c, p) owns block_d2 features of the p-th of `grid`
     token ranges (out_warps, grad_tokens a step, grad_stages): enough ranges that every core has
-    row["dot_programs_per_core"] programs, each range a row of [grid, M, D] query-gradient partial sums. Where the
-    row came from: bench/NOTES.md, Block AttnRes run 3."""
-    block_t = row["dot_tokens"]
+    row["dot_programs_per_core"] programs, each range a row of [grid, M, D] query-gradient partial sums. A step's
+    tiles hold at most row["dot_max_rows"] source rows and row["dot_max_query_rows"] grad_out rows
+    (row["dot_max_grad_query_rows"] in the gradients kernel) of 16-bit values, half as many of 32-bit ones (the
+    kernels' shared memory), so deep or wide blocks take fewer tokens a step; None (the CUDA-core kernel) where one
+    token's rows exceed that or M exceeds row["dot_max_queries"]. Where the row came from: bench/NOTES.md, Block
+    AttnRes run 3; the caps: the sm_90 compile's shared memory (227 KB a program on the H100 and the H200)."""
+    block_m, block_n = pow2_at_least(queries, DOT_MIN), pow2_at_least(sources, DOT_MIN)
+
+    def tokens_fitting(query_rows: int) -> int:
+        return min(row["dot_max_rows"] // block_n, query_rows // block_m) * 2 // elem_size
+
+    fits, grad_fits = tokens_fitting(row["dot_max_query_rows"]), tokens_fitting(row["dot_max_grad_query_rows"])
+    if grad_fits < 1 or block_m > row["dot_max_queries"]:
+        return None
+    block_t = min(row["dot_tokens"], prev_pow2(fits))
+    grad_tokens = min(row["dot_grad_tokens"] or block_t, prev_pow2(grad_fits))
     block_d2 = max(DOT_MIN, min(next_pow2(dim), row["dot_grad_tile_d"]))
     blocks = -(-tokens // block_t)
     wanted = max(1, target.vector_cores * row["dot_programs_per_core"] // -(-dim // block_d2))
-    return MultiPlan(pow2_at_least(queries, DOT_MIN), pow2_at_least(sources, DOT_MIN),
-                     max(DOT_MIN, min(next_pow2(dim), row["dot_tile_d"])), 1, dim,
+    return MultiPlan(block_m, block_n, max(DOT_MIN, min(next_pow2(dim), row["dot_tile_d"])), 1, dim,
                      torch.sym_max(1, torch.sym_min(blocks, wanted)), row["dot_warps"], block_t, True,
-                     block_d2=block_d2, out_warps=row["dot_grad_warps"], grad_tokens=row["dot_grad_tokens"],
+                     block_d2=block_d2, out_warps=row["dot_grad_warps"], grad_tokens=grad_tokens,
                      grad_stages=row["dot_grad_stages"])
 
 
