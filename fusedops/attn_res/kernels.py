@@ -360,7 +360,7 @@ def _store_partial(partial_ptr, dv_ptr, du, pid, t0, d, d_mask, D, DV_STEP,
 @triton.jit
 def attn_res_bwd_kernel(
     g_ptr, glse_ptr, v_ptr, q_ptr, w_ptr, dv_ptr, partial_ptr, stats_ptr,
-    N, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, STAT_PLANE, DV_STEP, LAST_N, LAST_STAT, LAST_DV, SLICE, eps,
+    N, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, STAT_PLANE, DV_STEP, SLICE, eps,
     HAS_WEIGHT: tl.constexpr, HAS_DLSE: tl.constexpr, NEED_DV: tl.constexpr, NEED_DU: tl.constexpr,
     ONE_TILE: tl.constexpr,
     UNROLL: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, F64: tl.constexpr,
@@ -377,8 +377,8 @@ def attn_res_bwd_kernel(
     ONE_TILE: a row fits on chip, so grad_out and the query are loaded once per token block, and
     UNROLL == 2 keeps two source rows in flight. Otherwise both phases walk D tiles.
     HAS_DLSE: glse_ptr holds the gradient of the forward's lse ([T] fp32).
-    STAT_PLANE = N * T and DV_STEP = T * D are passed from the host so they cannot overflow int32;
-    LAST_N, LAST_STAT, LAST_DV: offsets of depth N-1 in values, one stats plane, and grad_values.
+    STAT_PLANE = N * T and DV_STEP = T * D are passed from the host so they cannot overflow int32; depth N-1's (or
+    a slice's last row's) offsets are computed in int64.
     PHASE (D-tiled only; 0: both phases): few token blocks split their sources into slices of SLICE rows,
     program (p, s) owning slice s of block p, over two launches: PHASE 1 writes the slice's statistics, PHASE 2
     re-derives the softmax from all N and writes the slice's gradients, its partial sums in row
@@ -430,9 +430,10 @@ def attn_res_bwd_kernel(
                 g_out -= tl.load(glse_ptr + t, mask=t_mask, other=0.0)
             lse = m + tl.log(denom)
             du = tl.zeros([BLOCK_D], ACC)
-            ptrs = v_ptr + LAST_N + rows[:, None] + d[None, :]
-            dptrs = dv_ptr + LAST_DV + t[:, None] * D + d[None, :]
-            sptrs = stats_ptr + LAST_STAT + t
+            last = tl.cast(N - 1, tl.int64)
+            ptrs = v_ptr + last * STRIDE_N + rows[:, None] + d[None, :]
+            dptrs = dv_ptr + last * DV_STEP + t[:, None] * D + d[None, :]
+            sptrs = stats_ptr + last * T + t
             for j in range(0, N, UNROLL):
                 x = tl.load(ptrs, mask=mask, other=0.0).to(ACC)
                 logit = tl.load(sptrs, mask=t_mask, other=0.0)

@@ -240,8 +240,7 @@ def _backward(
             )
         else:
             stats = values.new_empty((3, n, tokens), dtype=acc)
-            args = dict(rows_in, stats_ptr=stats, **walk, STAT_PLANE=n * tokens, LAST_N=(n - 1) * values.stride(0),
-                        LAST_STAT=(n - 1) * tokens, LAST_DV=(n - 1) * tokens * dim, SLICE=slice_rows)
+            args = dict(rows_in, stats_ptr=stats, **walk, STAT_PLANE=n * tokens, SLICE=slice_rows)
             flags = dict(flags, ONE_TILE=plan.one_tile and not slice_rows, UNROLL=plan.unroll, BLOCK_T=plan.block_t)
             for phase in (1, 2) if slice_rows else (0,):
                 launch(attn_res_bwd_kernel, (plan.grid, slices) if slice_rows else (plan.grid,), args,

@@ -372,12 +372,8 @@ def _dot_f32(a, b, acc, BF16: tl.constexpr):
     and the three largest products summed (~16 bits each, as _split_dot); else tf32x3."""
     if BF16:
         a_hi = a.to(tl.bfloat16)
-        a_lo = (a - a_hi.to(tl.float32)).to(tl.bfloat16)
-        b_hi = b.to(tl.bfloat16)
-        b_lo = (b - b_hi.to(tl.float32)).to(tl.bfloat16)
-        acc = tl.dot(a_lo, b_hi, acc)
-        acc = tl.dot(a_hi, b_lo, acc)
-        return tl.dot(a_hi, b_hi, acc)
+        acc = tl.dot((a - a_hi.to(tl.float32)).to(tl.bfloat16), b.to(tl.bfloat16), acc)
+        return _split_dot(a_hi, b, acc, False)  # a_hi b_lo, then a_hi b_hi
     return tl.dot(a, b, acc, input_precision="tf32x3")
 
 
