@@ -251,12 +251,13 @@ def test_multi_two_pass_forward_matches_per_query_attn_res(path, n, m, batch, di
 @given(n=st.integers(1, 70), m=st.integers(1, 70), batch=st.sampled_from([(1,), (5,), (3, 3)]),
        dim=st.integers(1, 80), dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
        grads_of=st.sampled_from(["out", "lse", "both"]), wanted=st.sampled_from(["values", "queries", "both"]),
-       seed=st.integers(0, 2**31 - 1))
-def test_multi_backward_matches_float64(path, n, m, batch, dim, dtype, grads_of, wanted, seed):
+       flat=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_multi_backward_matches_float64(path, n, m, batch, dim, dtype, grads_of, wanted, flat, seed):
     """The backward on its own terms: gradients through out, lse or both, of values, queries or both (the other
     frozen), for depths and query counts past one tensor-core tile (CUDA plans: the statistics then gradients
-    kernels, fewer tokens a step for deep or wide blocks and the CUDA-core kernel past the interpreter row's caps;
-    Ascend's: the CUDA-core kernel), against float64 autograd."""
+    kernels, the flat one (as planned up to 32 rows and 128 columns a step) or the batched one (not flat: forced),
+    fewer tokens a step for deep or wide blocks and the CUDA-core kernel past the interpreter row's caps; Ascend's:
+    the CUDA-core kernel), against float64 autograd."""
     gen = torch.Generator().manual_seed(seed)
     values = torch.randn(n, *batch, dim, generator=gen).to(dtype)
     queries = torch.randn(m, dim, generator=gen)
@@ -265,7 +266,8 @@ def test_multi_backward_matches_float64(path, n, m, batch, dim, dtype, grads_of,
     _, _, ref_grads = multi_reference(values, queries, EPS, grad_out, grad_lse.double())
     v = values.clone().requires_grad_(wanted != "queries")
     q = queries.clone().requires_grad_(wanted != "values")
-    with execution_path(path):
+    batched = {} if flat else {"grad_rows": 0}
+    with execution_path(path), fusedops.plan_override("block_attn_res", "multi_bwd", **batched):
         out, lse = fusedops.attn_res_multi(v, q, EPS)
         outputs = [(out, grad_out), (lse, grad_lse)]
         outputs = outputs[:1] if grads_of == "out" else outputs[1:] if grads_of == "lse" else outputs
@@ -969,3 +971,37 @@ def test_gpu_multi_reads_sources_past_2_31_elements(tokens):
     out, lse = fusedops.attn_res_multi(values, queries)
     ref_out, ref_lse = fusedops.attn_res_multi(values.contiguous(), queries)
     assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("flat", [True, False])
+@pytest.mark.parametrize(("n", "m", "tokens", "dim"), [(8, 24, 300, 7168), (9, 6, 257, 4096), (4, 16, 1000, 1000),
+                                                     (17, 5, 64, 2048)])
+def test_gpu_multi_backward_matches_float64(dtype, flat, n, m, tokens, dim):
+    """On a CUDA device: the tensor-core backward at model widths (the gradients pass as the flat kernel, as planned,
+    or the batched one, forced), gradients through out and lse against float64 autograd on the CPU (bfloat16 values
+    take the exact bfloat16 split only a GPU runs), and bitwise equal run to run."""
+    gen = torch.Generator().manual_seed(23)
+    values = torch.randn(n, tokens, dim, generator=gen).to(dtype)
+    queries = 0.05 * torch.randn(m, dim, generator=gen)
+    grad_out = torch.randn(m, tokens, dim, generator=gen).to(dtype)
+    grad_lse = torch.randn(m, tokens, generator=gen)
+    _, _, ref_grads = multi_reference(values, queries, EPS, grad_out, grad_lse.double())
+    plan = multi_plan(cuda_target(torch.device("cuda")), tokens, n, m, dim, values.element_size(), backward=True)
+    assert plan.dot and (plan.grad_rows > 0)
+    forced = {} if flat else {"grad_rows": 0}
+
+    def grads():
+        v, q = values.cuda().requires_grad_(), queries.cuda().requires_grad_()
+        with fusedops.plan_override("block_attn_res", "multi_bwd", **forced):
+            out, lse = fusedops.attn_res_multi(v, q, EPS)
+            torch.autograd.backward([out, lse], [grad_out.cuda(), grad_lse.cuda()])
+        return v.grad, q.grad
+
+    first, again = grads(), grads()
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    tol = {torch.float32: 2e-5, torch.bfloat16: 1.6e-2}[dtype]
+    for got, ref in zip(first, ref_grads):
+        scale = max(1.0, ref.abs().max().item())
+        torch.testing.assert_close(got.cpu().double(), ref, rtol=tol * 4, atol=tol * 4 * scale)

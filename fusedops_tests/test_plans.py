@@ -134,7 +134,8 @@ def test_block_attn_res_plans_come_from_its_table():
     assert multi_plan(h200, 512, 9, 8, 7168, 2) == MultiPlan(16, 16, 64, 4, 1792, 512, 4, 4, True, 2, 64)
     assert multi_plan(h200, 1, 9, 8, 7168, 2) == MultiPlan(16, 16, 64, 112, 64, 112, 4, 4, True, 2, 64)
     assert multi_plan(h200, 8192, 9, 8, 7168, 2, backward=True) == MultiPlan(16, 16, 64, 1, 7168, 9, 8, 8, True,
-                                                                             block_d2=64, out_warps=4, grad_tokens=4)
+                                                                             block_d2=128, out_warps=4, grad_tokens=4,
+                                                                             grad_rows=32)
     # float64 values keep the CUDA-core backward
     assert multi_plan(h200, 8192, 9, 8, 7168, 8, backward=True) == MultiPlan(8, 16, 512, 1, 7168, 132, 8)
     # deep or wide blocks take fewer tokens a step, 32-bit values half as many; past the caps the CUDA-core kernel
@@ -143,6 +144,11 @@ def test_block_attn_res_plans_come_from_its_table():
              for p in [multi_plan(h200, 8192, n, m, 4096, size, backward=True)]}
     assert steps == {(40, 33, 2): (True, 2, 2), (8, 24, 4): (True, 4, 2), (128, 24, 2): (True, 1, 1),
                      (128, 24, 4): (False, 1, 0), (8, 65, 2): (False, 1, 0)}
+    # the flat gradients kernel: 16 rows a step, doubled while whole tokens fill < 3/4 of them; past 32 rows or 128
+    # (token, query) columns the batched kernel
+    rows = {(n, m): multi_plan(h200, 8192, n, m, 4096, 2, backward=True).grad_rows
+            for n, m in ((8, 24), (4, 16), (9, 6), (6, 64), (17, 8), (33, 4), (4, 64))}
+    assert rows == {(8, 24): 16, (4, 16): 16, (9, 6): 32, (6, 64): 16, (17, 8): 32, (33, 4): 0, (4, 64): 0}
     assert merge_plan(h200, 1, 7168, 2) == MergePlan(1, 8192, 1, 16, True, 1, True)
     assert merge_plan(h200, 8192, 7168, 2) == MergePlan(1, 8192, 8192, 8, True, 1, True)
     row = next(r for r in plans.table("block_attn_res")["rows"]

@@ -502,6 +502,63 @@ def attn_res_multi_bwd_grads_kernel(
 
 
 @triton.jit
+def attn_res_multi_bwd_grads_flat_kernel(
+    v_ptr, q_ptr, g_ptr, alpha_ptr, coef_ptr, ck_ptr, dv_ptr, partial_ptr,
+    N, M, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, QS, OUT_STEP, DV_STEP, TOKENS_PER_PROGRAM, STEP,
+    HAS_G: tl.constexpr, NEED_DV: tl.constexpr, NEED_DQ: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BF16: tl.constexpr,
+):
+    """attn_res_multi_bwd_grads_kernel's work on 2-D tiles only: a step's STEP tokens as flat (token, source) rows r
+    (N not padded) and flat (token, query) columns k, alpha as a block-diagonal [rows, columns] tile, so every dot
+    operand is a direct load (no 3-D dot, reshape or permute, which kept the batched kernel at the register cap):
+      dv[r] = sum_k alpha[r, k] g[k] + sum_l coef[r, l] q_l - ck[r] v[r];   dq_l += sum_r coef[r, l] v[r]
+    (the query gradient's partial sums over the program's tokens, written once to row p of partial_ptr)."""
+    d = tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)
+    d_mask = d < D
+    m = tl.arange(0, BLOCK_M)
+    m_mask = m < M
+    q = tl.load(q_ptr + m[:, None] * QS + d[None, :], mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+    q = q.to(tl.float32)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    r = tl.arange(0, BLOCK_R)
+    r_t = r // N
+    r_n = r % N
+    r_in = r < STEP * N
+    k = tl.arange(0, BLOCK_K)
+    k_t = k // M
+    k_m = k % M
+    k_in = k < STEP * M
+    t_begin = tl.program_id(1).to(tl.int64) * TOKENS_PER_PROGRAM
+    t_end = tl.minimum(t_begin + TOKENS_PER_PROGRAM, T)
+    for t0 in range(t_begin, t_end, STEP):
+        t_r = t0 + r_t
+        r_mask = r_in & (t_r < t_end)
+        rows = _token_rows(t_r, S1, S2, ST0, ST1, ST2) + r_n.to(tl.int64) * STRIDE_N
+        x = tl.load(v_ptr + rows[:, None] + d[None, :], mask=r_mask[:, None] & d_mask[None, :], other=0.0)
+        w_r = t_r * M * N + r_n
+        if NEED_DV:
+            c = tl.load(coef_ptr + w_r[:, None] + m[None, :] * N, mask=r_mask[:, None] & m_mask[None, :], other=0.0)
+            dv = _dot_f32(c, q, tl.zeros([BLOCK_R, BLOCK_D], tl.float32), BF16)
+            dv -= tl.load(ck_ptr + t_r * N + r_n, mask=r_mask, other=0.0)[:, None] * x.to(tl.float32)
+            if HAS_G:
+                t_k = t0 + k_t
+                k_mask = k_in & (t_k < t_end)
+                a = tl.load(alpha_ptr + w_r[:, None] + k_m[None, :] * N,
+                            mask=r_mask[:, None] & k_mask[None, :] & (r_t[:, None] == k_t[None, :]), other=0.0)
+                gk = tl.load(g_ptr + k_m.to(tl.int64)[:, None] * OUT_STEP + t_k[:, None] * D + d[None, :],
+                             mask=k_mask[:, None] & d_mask[None, :], other=0.0)
+                dv = _dot_rows(a, gk, dv, BF16)
+            tl.store(dv_ptr + r_n.to(tl.int64)[:, None] * DV_STEP + t_r[:, None] * D + d[None, :],
+                     dv.to(dv_ptr.dtype.element_ty), mask=r_mask[:, None] & d_mask[None, :])
+        if NEED_DQ:
+            ct = tl.load(coef_ptr + w_r[None, :] + m[:, None] * N, mask=m_mask[:, None] & r_mask[None, :], other=0.0)
+            dq = _dot_rows(ct, x, dq, BF16)
+    if NEED_DQ:
+        tl.store(partial_ptr + tl.program_id(1).to(tl.int64) * M * D + m[:, None] * D + d[None, :], dq,
+                 mask=m_mask[:, None] & d_mask[None, :])
+
+
+@triton.jit
 def _merged_tile(p_ptr, a1_ptr, a2_ptr, t, d, mask, P_ST, A1_ST, A2_ST, NUM_ADD: tl.constexpr, ACC: tl.constexpr):
     """(p + a1 + a2) of rows t, features d, summed in ACC and rounded once to p's dtype, then as ACC."""
     x = tl.load(p_ptr + t[:, None] * P_ST + d[None, :], mask=mask, other=0.0).to(ACC)

@@ -27,6 +27,7 @@ from . import reference
 from .kernels import (
     attn_res_merge_bwd_kernel,
     attn_res_merge_fwd_kernel,
+    attn_res_multi_bwd_grads_flat_kernel,
     attn_res_multi_bwd_grads_kernel,
     attn_res_multi_bwd_kernel,
     attn_res_multi_bwd_stats_kernel,
@@ -36,7 +37,7 @@ from .kernels import (
     attn_res_multi_out_kernel,
     attn_res_multi_softmax_kernel,
 )
-from .plan import MultiPlan, forced_plan, merge_plan, multi_plan, pow2_at_least
+from .plan import DOT_MIN, MultiPlan, flat_grad_cols, forced_plan, merge_plan, multi_plan, pow2_at_least
 from .sources import stack_sources
 
 # ---- attn_res_multi ---------------------------------------------------------------------------------------
@@ -183,7 +184,8 @@ def _multi_backward(grad_out: Optional[Tensor], grad_lse: Optional[Tensor], valu
 def _multi_backward_dot(g, glse, values, queries, grad_values, grad_queries, has_dlse: bool, eps: float,
                         plan: MultiPlan, walk: dict, flags: dict, interpreted: bool) -> None:
     """The tensor-core backward: attn_res_multi_bwd_stats_kernel writes each (token, query, source)'s alpha and
-    coef and each (token, source)'s ck, then attn_res_multi_bwd_grads_kernel the gradients from them."""
+    coef and each (token, source)'s ck, then attn_res_multi_bwd_grads_flat_kernel (plan.grad_rows) or
+    attn_res_multi_bwd_grads_kernel the gradients from them."""
     tokens, m, n, dim = walk["T"], walk["M"], walk["N"], walk["D"]
     alpha, coef = (values.new_empty((tokens, m, n), dtype=torch.float32) for _ in range(2))
     ck = values.new_empty((tokens, n), dtype=torch.float32)
@@ -196,17 +198,22 @@ def _multi_backward_dot(g, glse, values, queries, grad_values, grad_queries, has
            dict(HAS_G=flags["HAS_G"], HAS_DLSE=has_dlse, BLOCK_T=plan.block_t, BLOCK_M=plan.block_m,
                 BLOCK_N=plan.block_n, BLOCK_D=plan.block_d, HALF=exact_bf16 or values.dtype == torch.float16,
                 num_warps=plan.num_warps, **precision))
-    step = plan.grad_tokens or plan.block_t
+    step = max(1, plan.grad_rows // n) if plan.grad_rows else plan.grad_tokens or plan.block_t
     per_program = -(-(-(-tokens // plan.grid)) // step) * step
     programs = -(-tokens // per_program)
     partial = values.new_empty((programs, m, dim) if flags["NEED_DQ"] else (1,), dtype=torch.float32)
     stages = {"num_stages": plan.grad_stages} if plan.grad_stages else {}
-    launch(attn_res_multi_bwd_grads_kernel, (-(-dim // plan.block_d2), programs),
-           dict(v_ptr=values, q_ptr=queries, g_ptr=g, alpha_ptr=alpha, coef_ptr=coef, ck_ptr=ck,
+    args = dict(v_ptr=values, q_ptr=queries, g_ptr=g, alpha_ptr=alpha, coef_ptr=coef, ck_ptr=ck,
                 dv_ptr=grad_values if flags["NEED_DV"] else values, partial_ptr=partial, **walk, DV_STEP=tokens * dim,
-                TOKENS_PER_PROGRAM=per_program),
-           dict(flags, BLOCK_T=step, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d2,
-                num_warps=plan.out_warps, **precision, **stages))
+                TOKENS_PER_PROGRAM=per_program)
+    meta = dict(flags, BLOCK_M=plan.block_m, BLOCK_D=plan.block_d2, num_warps=plan.out_warps, **precision, **stages)
+    if plan.grad_rows:
+        launch(attn_res_multi_bwd_grads_flat_kernel, (-(-dim // plan.block_d2), programs), dict(args, STEP=step),
+               dict(meta, BLOCK_R=pow2_at_least(max(plan.grad_rows, n), DOT_MIN),
+                    BLOCK_K=flat_grad_cols(plan.grad_rows, n, m)))
+    else:
+        launch(attn_res_multi_bwd_grads_kernel, (-(-dim // plan.block_d2), programs), args,
+               dict(meta, BLOCK_T=step, BLOCK_N=plan.block_n))
     if flags["NEED_DQ"]:
         grad_queries.copy_(partial.sum(0))  # a fixed-order reduction: deterministic
 

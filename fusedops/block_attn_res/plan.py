@@ -94,6 +94,8 @@ class MultiPlan:
     # software-pipelining stages (0: Triton's default)
     grad_tokens: int = 0
     grad_stages: int = 0
+    # >0: attn_res_multi_bwd_grads_flat_kernel instead, grad_rows (token, source) rows a step (grad_rows // N tokens)
+    grad_rows: int = 0
 
 
 @memoize
@@ -246,8 +248,10 @@ def _dot_backward_plan(target: Target, row: dict, tokens: int, sources: int, que
     tiles hold at most row["dot_max_rows"] source rows and row["dot_max_query_rows"] grad_out rows
     (row["dot_max_grad_query_rows"] in the gradients kernel) of 16-bit values, half as many of 32-bit ones (the
     kernels' shared memory), so deep or wide blocks take fewer tokens a step; None (the CUDA-core kernel) where one
-    token's rows exceed that or M exceeds row["dot_max_queries"]. Where the row came from: bench/NOTES.md, Block
-    AttnRes run 3; the caps: the sm_90 compile's shared memory (227 KB a program on the H100 and the H200)."""
+    token's rows exceed that or M exceeds row["dot_max_queries"]. Where flat_grad_rows allows, the gradients pass is
+    the flat kernel instead (grad_rows rows a step, row["dot_flat_tile_d"] features, row["dot_flat_programs_per_core"]).
+    Where the rows came from: bench/NOTES.md, Block AttnRes runs 3 and 4; the caps: the sm_90 compile's shared memory
+    (227 KB a program on the H100 and the H200)."""
     block_m, block_n = pow2_at_least(queries, DOT_MIN), pow2_at_least(sources, DOT_MIN)
 
     def tokens_fitting(query_rows: int) -> int:
@@ -258,13 +262,34 @@ def _dot_backward_plan(target: Target, row: dict, tokens: int, sources: int, que
         return None
     block_t = min(row["dot_tokens"], prev_pow2(fits))
     grad_tokens = min(row["dot_grad_tokens"] or block_t, prev_pow2(grad_fits))
-    block_d2 = max(DOT_MIN, min(next_pow2(dim), row["dot_grad_tile_d"]))
+    grad_rows = flat_grad_rows(row, sources, queries)
+    block_d2 = max(DOT_MIN, min(next_pow2(dim), row["dot_flat_tile_d" if grad_rows else "dot_grad_tile_d"]))
     blocks = -(-tokens // block_t)
-    wanted = max(1, target.vector_cores * row["dot_programs_per_core"] // -(-dim // block_d2))
+    per_core = row["dot_flat_programs_per_core" if grad_rows else "dot_programs_per_core"]
+    wanted = max(1, target.vector_cores * per_core // -(-dim // block_d2))
     return MultiPlan(block_m, block_n, max(DOT_MIN, min(next_pow2(dim), row["dot_tile_d"])), 1, dim,
                      torch.sym_max(1, torch.sym_min(blocks, wanted)), row["dot_warps"], block_t, True,
                      block_d2=block_d2, out_warps=row["dot_grad_warps"], grad_tokens=grad_tokens,
-                     grad_stages=row["dot_grad_stages"])
+                     grad_stages=row["dot_grad_stages"], grad_rows=grad_rows)
+
+
+def flat_grad_rows(row: dict, sources: int, queries: int) -> int:
+    """The flat gradients kernel's rows a step: row["dot_grad_rows"], at least one token's N, doubled while whole
+    tokens fill less than row["dot_grad_min_fill"] of them (N=9: 32 rows, 3 tokens); 0 (the batched kernel) where
+    the row asks none, or past row["dot_grad_max_rows"] rows or row["dot_grad_max_cols"] (token, query) columns
+    (its block-diagonal alpha tile and the grad_out rows it multiplies, both staged in shared memory)."""
+    if not row["dot_grad_rows"]:
+        return 0
+    rows = max(row["dot_grad_rows"], next_pow2(sources))
+    while rows // sources * sources < row["dot_grad_min_fill"] * rows and 2 * rows <= row["dot_grad_max_rows"]:
+        rows *= 2
+    fits = rows <= row["dot_grad_max_rows"] and flat_grad_cols(rows, sources, queries) <= row["dot_grad_max_cols"]
+    return rows if fits else 0
+
+
+def flat_grad_cols(rows: int, sources: int, queries: int) -> int:
+    """The flat gradients kernel's (token, query) columns a step: its rows // N tokens x M queries."""
+    return max(DOT_MIN, next_pow2(max(1, rows // sources) * queries))
 
 
 def forced_plan(plan, kernel: str, *, sources: int, queries: int, dim: int):
