@@ -4,8 +4,8 @@ row, the whole backward (bf16 values and grad_out, fp32 queries; gradients of bo
 % of the copy bandwidth measured in the same run, counting (2N + M) U (values and grad_out read, grad_values
 written; U = tokens x D x 2 bytes). The CUDA-core kernel it replaces (dot=False) is timed once per case beside it,
 with the largest relative difference between the two (MB_OLD=0: not; MB_STATS=0: the statistics kernel as planned;
-MB_GRADS=steps: the gradients kernel's tokens a step x warps x pipelining stages instead of its tiles, none: as
-planned). Last run with torch 2.11 + Triton 3.6 on an H200 and an H100.
+MB_GRADS=steps: the gradients kernel's tokens a step x warps x pipelining stages instead of its tiles, flat: the flat
+gradients kernel's rows a step x tiles x warps, none: as planned). Last run with torch 2.11 + Triton 3.6 on an H200 and an H100.
 
     python -m bench.experiments.multi_backward_tiles"""
 
@@ -87,6 +87,9 @@ def main():
         grads = [dict(g, grid=p) for g in GRADS for p in groups]
         if os.environ.get("MB_GRADS") == "none":
             grads = [{}]
+        if os.environ.get("MB_GRADS") == "flat":  # attn_res_multi_bwd_grads_flat_kernel: rows a step x tile x warps
+            grads = [dict(grad_rows=r, block_d2=bd, out_warps=w) for r in (16, 32) for bd in (64, 128) for w in (4, 8)]
+            grads += [dict(grad_rows=16, block_d2=64, out_warps=4, grid=p) for p in groups]
         if os.environ.get("MB_GRADS") == "steps":  # the gradients kernel's tokens a step, warps and stages
             grads = [dict(grad_tokens=bt, out_warps=w, grad_stages=st) for bt in (2, 4, 8) for w in (4, 8)
                      for st in (2, 3)]
