@@ -229,32 +229,37 @@ def test_one_pass_backward_matches_einsum(path, case):
 
 
 def group_rows(rows: int, tokens_per_program: int, constant_dim: bool, split_per_core: int = 0,
-               prefetch: bool = False) -> list:
-    """Table rows planning the depth-tile forward in groups of `rows` source rows, on every vendor."""
+               prefetch: bool = False, evict_first: bool = False) -> list:
+    """Table rows planning the depth-tile forward in groups of `rows` source rows, on every vendor (evict_first: a
+    prefetch row's byte range that takes every call evict-first instead)."""
     params = dict(group_rows=rows, num_warps=4, tokens_per_program=tokens_per_program, programs_per_core=2,
                   constant_dim=constant_dim, split_per_core=split_per_core, prefetch=prefetch)
+    if evict_first:
+        params.update(evict_first_min_bytes=0, evict_first_max_bytes=2**62)
     return [{"kernel": "fwd_depth", "vendor": vendor, "arch": "*", "when": {}, "params": params, "run": "test"}
             for vendor in ("cuda", "ascend")]
 
 
 @pytest.mark.parametrize("path", KERNEL_PATHS)
-@pytest.mark.parametrize(("rows", "tokens_per_program", "constant_dim", "split_per_core", "prefetch"),
-                         [(1, 0, False, 0, True), (2, 1, True, 0, True), (4, 3, True, 0, False), (2, 0, True, 6, True),
-                          (1, 1, False, 16, False)])
+@pytest.mark.parametrize(("rows", "tokens_per_program", "constant_dim", "split_per_core", "prefetch", "evict"),
+                         [(1, 0, False, 0, True, False), (2, 1, True, 0, True, False), (4, 3, True, 0, False, False),
+                          (2, 0, True, 6, True, False), (1, 1, False, 16, False, False), (2, 1, True, 0, True, True),
+                          (1, 0, False, 6, True, True)])
 @settings(max_examples=8)
 @given(case=attn_res_cases(max_n=11, max_dim=130))
 def test_forward_in_row_groups_matches_einsum(path, rows, tokens_per_program, constant_dim, split_per_core, prefetch,
-                                              case):
+                                              evict, case):
     """The depth-tile forward with fewer rows a step than N (an online softmax across the groups), from a
     table row: one or several tokens a program or a persistent grid, D constant or not, each group's rows loaded
-    a step ahead or not; with split_per_core, few tokens split their groups over programs (segments past the last
-    group included) and a merge folds them."""
+    a step ahead, evict-first (the row's byte range covering the call) or plainly; with split_per_core, few tokens
+    split their groups over programs (segments past the last group included) and a merge folds them."""
     from fusedops.plans import candidate_rows
 
     n, batch = case[0], case[1]
     assume(n > rows)
     tokens = math.prod(batch)
-    with candidate_rows("attn_res", group_rows(rows, tokens_per_program, constant_dim, split_per_core, prefetch)):
+    table = group_rows(rows, tokens_per_program, constant_dim, split_per_core, prefetch, evict)
+    with candidate_rows("attn_res", table):
         values, query, weight, eps, _ = build_inputs(case)
         with execution_path(path):
             target = ar_op.target_for(values.device, values.dtype)
@@ -265,7 +270,8 @@ def test_forward_in_row_groups_matches_einsum(path, rows, tokens_per_program, co
         assert (plan.split, plan.tokens_per_program, plan.grid) == (splits, 1, tokens * splits)
     else:
         assert plan.split == 0 and plan.tokens_per_program == tokens_per_program
-    assert (plan.block_n, plan.constant_dim, plan.prefetch) == (rows, constant_dim, prefetch)
+    assert (plan.block_n, plan.constant_dim, plan.prefetch, plan.evict_first) == (
+        rows, constant_dim, prefetch and not evict, evict)
     ref_out, ref_lse = einsum_attn_res(values, query, weight, eps, return_lse=True)
     assert_close("out", out, ref_out, values.dtype)
     assert_close("lse", lse, ref_lse, torch.float32)
@@ -885,7 +891,9 @@ def test_cuda_forward_takes_row_groups_by_width(arch, n, dim):
     plan = forward_plan(gpu, 8192, n, dim, 2)
     rows, per_program, prefetch = H200_GROUPS[dim]
     assert (plan.block_n, plan.tokens_per_program, plan.constant_dim) == (min(rows, n), per_program, True)
-    assert plan.prefetch == prefetch
+    # run 18: up to D = 3072, calls past the L2 (48 MiB) and up to 256 MiB load rows evict-first instead
+    evict = prefetch and dim <= 3072 and 48 * 2**20 < (n + 1) * 8192 * dim * 2 <= 256 * 2**20
+    assert (plan.prefetch, plan.evict_first) == (prefetch and not evict, evict)
     assert plan.grid == (8192 if per_program else 4 * 132)
     assert plan.block_n * plan.block_d <= 128 * 32 * plan.num_warps
     assert not forward_plan(gpu, 8192, n, dim, 4).tokens_per_program
@@ -1006,18 +1014,21 @@ def test_gpu_forward_split_over_programs(n, tokens, dim):
 @pytest.mark.gpu
 @pytest.mark.parametrize(("n", "dim"), [(9, 3072), (8, 7168), (24, 6144), (4, 12288), (6, 1024), (3, 8192)])
 @pytest.mark.parametrize(("rows", "tokens_per_program", "constant_dim", "prefetch"),
-                         [(2, 1, True, True), (4, 0, True, False), (1, 0, False, True)])
+                         [(2, 1, True, True), (4, 0, True, False), (1, 0, False, True), (2, 1, True, "evict")])
 def test_gpu_forward_in_row_groups(n, dim, rows, tokens_per_program, constant_dim, prefetch):
     """The depth-tile forward in row groups at model widths (the H200 table's plans and their neighbours),
-    from table rows of this GPU's arch, each group's rows loaded a step ahead or not, against the float64
-    definition; bitwise equal run to run."""
+    from table rows of this GPU's arch, each group's rows loaded a step ahead, evict-first or plainly, against the
+    float64 definition; bitwise equal run to run."""
     from fusedops.attn_res.op import forward_plan
     from fusedops.attn_res.plan import next_pow2
     from fusedops.plans import candidate_rows
 
     target = cuda_target(torch.device("cuda"))
+    evict = prefetch == "evict"
     params = dict(group_rows=rows, num_warps=4 if rows * dim <= 16384 else 8, tokens_per_program=tokens_per_program,
-                  programs_per_core=4, constant_dim=constant_dim, prefetch=prefetch)
+                  programs_per_core=4, constant_dim=constant_dim, prefetch=bool(prefetch))
+    if evict:
+        params.update(evict_first_min_bytes=0, evict_first_max_bytes=2**62)
     when = {"interpreted": False, "dtype": "16", "dim": [1, None]}  # as specific as the table's rows: ties go to it
     row = {"kernel": "fwd_depth", "vendor": "cuda", "arch": target.arch or "*", "when": when, "params": params,
            "run": "test"}
@@ -1033,8 +1044,8 @@ def test_gpu_forward_in_row_groups(n, dim, rows, tokens_per_program, constant_di
     if block_n * next_pow2(dim) * 6 > target.onchip_bytes:  # a group must fit on chip (fp32 + bf16 a element)
         assert plan.block_n == 0
     else:
-        assert (plan.block_n, plan.tokens_per_program, plan.constant_dim, plan.prefetch) == (
-            block_n, tokens_per_program, constant_dim, prefetch)
+        assert (plan.block_n, plan.tokens_per_program, plan.constant_dim, plan.prefetch, plan.evict_first) == (
+            block_n, tokens_per_program, constant_dim, prefetch is True, evict)
     ref_out, ref_lse = einsum_attn_res(values, query, weight, 1e-6, return_lse=True)
     assert_close("out", out, ref_out, torch.bfloat16)
     assert_close("lse", lse, ref_lse, torch.float32)

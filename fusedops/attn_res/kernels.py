@@ -163,8 +163,19 @@ def _depth_tile(N, D, STRIDE_N, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
 
 
 @triton.jit
+def _group_rows(rows, mask, EVICT_FIRST: tl.constexpr):
+    """A group's rows, read once: with EVICT_FIRST their cache lines go first (what else is in L2 stays)."""
+    if EVICT_FIRST:
+        x = tl.load(rows, mask=mask, other=0.0, eviction_policy="evict_first")
+    else:
+        x = tl.load(rows, mask=mask, other=0.0)
+    return x
+
+
+@triton.jit
 def _depth_tile_softmax(rows, u, N, D, STRIDE_N, eps, d_mask, n, first, step, ACC: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PREFETCH: tl.constexpr):
+                        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PREFETCH: tl.constexpr,
+                        EVICT_FIRST: tl.constexpr):
     """(m [1], denom [1], acc [BLOCK_D]) of the online softmax over the groups of BLOCK_N source rows that start at
     rows first, first + step, ... (step a multiple of BLOCK_N) of the token whose row 0 is at `rows`. PREFETCH:
     each group's rows are loaded one step ahead, while the group before is summed (two groups live)."""
@@ -173,15 +184,15 @@ def _depth_tile_softmax(rows, u, N, D, STRIDE_N, eps, d_mask, n, first, step, AC
     acc = tl.zeros([BLOCK_D], ACC)
     rows += tl.cast(STRIDE_N, tl.int64) * first
     if PREFETCH:
-        x_next = tl.load(rows, mask=(n < N - first)[:, None] & d_mask[None, :], other=0.0)
+        x_next = _group_rows(rows, (n < N - first)[:, None] & d_mask[None, :], EVICT_FIRST)
     for n0 in range(first, N, step):
         in_group = n < N - n0
         if PREFETCH:
             x = x_next.to(ACC)
             rows += tl.cast(STRIDE_N, tl.int64) * step
-            x_next = tl.load(rows, mask=(n < N - n0 - step)[:, None] & d_mask[None, :], other=0.0)
+            x_next = _group_rows(rows, (n < N - n0 - step)[:, None] & d_mask[None, :], EVICT_FIRST)
         else:
-            x = tl.load(rows, mask=in_group[:, None] & d_mask[None, :], other=0.0).to(ACC)
+            x = _group_rows(rows, in_group[:, None] & d_mask[None, :], EVICT_FIRST).to(ACC)
             rows += tl.cast(STRIDE_N, tl.int64) * step
         s = tl.where(in_group, _row_logit(x, u, D, eps)[0], float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=0))
@@ -196,10 +207,10 @@ def _depth_tile_softmax(rows, u, N, D, STRIDE_N, eps, d_mask, n, first, step, AC
 
 @triton.jit
 def _depth_tile_token(t, rows, u, out_ptr, lse_ptr, N, D, STRIDE_N, eps, d, d_mask, n, ACC: tl.constexpr,
-                      BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PREFETCH: tl.constexpr):
+                      BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PREFETCH: tl.constexpr, EVICT_FIRST: tl.constexpr):
     """attn_res_fwd_depth_tile_kernel's work for token t ([1]) whose first source row starts at `rows`."""
     m, denom, acc = _depth_tile_softmax(rows, u, N, D, STRIDE_N, eps, d_mask, n, 0, BLOCK_N, ACC, BLOCK_N, BLOCK_D,
-                                        PREFETCH)
+                                        PREFETCH, EVICT_FIRST)
     tl.store(out_ptr + (t * D)[:, None] + d[None, :], (acc / denom)[None, :].to(out_ptr.dtype.element_ty),
              mask=d_mask[None, :])
     tl.store(lse_ptr + t, m + tl.log(denom))
@@ -211,13 +222,14 @@ def attn_res_fwd_depth_tile_kernel(
     N, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, eps, splits,
     HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, F64: tl.constexpr,
     DIM: tl.constexpr = 0, TOKENS: tl.constexpr = 0, SPLIT: tl.constexpr = False, PREFETCH: tl.constexpr = False,
+    EVICT_FIRST: tl.constexpr = False,
 ):
     """attn_res_fwd_kernel's out and lse with BLOCK_N source rows of one token loaded at once
     ([BLOCK_N, BLOCK_D]): every row's load of a group is in flight together. BLOCK_N >= N: one group and a
     plain softmax over depth; else an online softmax across groups of BLOCK_N rows.
     TOKENS > 0: program pid takes tokens pid * TOKENS ... + TOKENS - 1 (grid = cdiv(T, TOKENS)); 0: tokens
     pid, pid + grid, ... DIM > 0: D as a compile-time constant (D == DIM). PREFETCH: a group's rows are loaded
-    while the group before it is summed.
+    while the group before it is summed. EVICT_FIRST: the rows are loaded with the evict-first cache policy.
     SPLIT: a token's groups are split over `splits` programs (grid = T * splits; program pid takes token
     pid // splits and its groups pid % splits, + splits, ...), each writing its acc to part_ptr ([splits, T, D]
     ACC) and its (m, denom) after them ([splits, T, 2]) for attn_res_fwd_merge_kernel; out and lse are not
@@ -235,7 +247,7 @@ def attn_res_fwd_depth_tile_kernel(
         t = token + tl.arange(0, 1).to(tl.int64)
         rows = v_ptr + _token_rows(t, S1, S2, ST0, ST1, ST2)[:, None] + src
         m, denom, acc = _depth_tile_softmax(rows, u, N, D, STRIDE_N, eps, d_mask, n, segment * BLOCK_N,
-                                            splits * BLOCK_N, ACC, BLOCK_N, BLOCK_D, PREFETCH)
+                                            splits * BLOCK_N, ACC, BLOCK_N, BLOCK_D, PREFETCH, EVICT_FIRST)
         at = segment * T + token
         tl.store(part_ptr + at * D + d, acc, mask=d_mask)
         stats = part_ptr + tl.cast(splits, tl.int64) * T * D + at * 2 + tl.arange(0, 1)
@@ -248,13 +260,13 @@ def attn_res_fwd_depth_tile_kernel(
                 t = token + tl.arange(0, 1).to(tl.int64)  # [1]: the token as a tensor, on every frontend
                 rows = v_ptr + _token_rows(t, S1, S2, ST0, ST1, ST2)[:, None] + src
                 _depth_tile_token(t, rows, u, out_ptr, lse_ptr, N, D, STRIDE_N, eps, d, d_mask, n, ACC, BLOCK_N,
-                                  BLOCK_D, PREFETCH)
+                                  BLOCK_D, PREFETCH, EVICT_FIRST)
     else:
         for token in range(pid, T, tl.num_programs(0)):
             t = token + tl.arange(0, 1).to(tl.int64)
             rows = v_ptr + _token_rows(t, S1, S2, ST0, ST1, ST2)[:, None] + src
             _depth_tile_token(t, rows, u, out_ptr, lse_ptr, N, D, STRIDE_N, eps, d, d_mask, n, ACC, BLOCK_N,
-                              BLOCK_D, PREFETCH)
+                              BLOCK_D, PREFETCH, EVICT_FIRST)
 
 
 @triton.jit

@@ -116,7 +116,7 @@ def _forward(
                     **walk),
                dict(HAS_WEIGHT=norm_weight is not None, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d, F64=f64,
                     TOKENS=plan.tokens_per_program, DIM=dim if plan.constant_dim and isinstance(dim, int) else 0,
-                    SPLIT=splits > 1, PREFETCH=plan.prefetch, num_warps=plan.num_warps))
+                    SPLIT=splits > 1, PREFETCH=plan.prefetch, EVICT_FIRST=plan.evict_first, num_warps=plan.num_warps))
         if splits > 1:
             block = min(SPLIT_MERGE_BLOCK_D, plan.block_d)
             launch(attn_res_fwd_merge_kernel, (tokens, -(-dim // block)),

@@ -58,6 +58,7 @@ class Plan:
     tokens_per_program: int = 0  # depth-tile forward: > 0 launches cdiv(tokens, it) programs, 0 a persistent grid
     constant_dim: bool = False  # depth-tile forward, one-pass backward: D a compile-time constant (one compile per D)
     prefetch: bool = False  # one-pass backward, depth-tile forward: each depth step's rows are loaded one step ahead
+    evict_first: bool = False  # depth-tile forward: rows loaded with the evict-first cache policy (read once)
     fused_sums: bool = False  # one-pass backward: a row's three sums in one reduction
     split: int = 0  # > 1: depth-tile forward, a token's row groups over this many programs (then a merge); two-phase
     # backward, a token block's sources in this many slices (two launches)
@@ -157,7 +158,8 @@ def depth_tile_plan(target: Target, tokens: int, sources: int, dim: int, elem_si
     features = dict(_features(target, elem_size, dim, tokens), sources=sources, tile=tile)
     row = resolve(OP, "bwd_depth" if backward else "fwd_depth", target, **features)
     if not backward and row.get("group_rows"):
-        return _grouped_forward_plan(target, tokens, sources, block_d, per_element, row)
+        call_bytes = (sources + 1) * size_hint(tokens) * size_hint(dim) * elem_size  # a choice, not a grid: hinted
+        return _grouped_forward_plan(target, tokens, sources, block_d, per_element, row, call_bytes)
     if tile * per_element > target.onchip_bytes:
         return None
     if not cuda:
@@ -185,26 +187,32 @@ def split_count(target: Target, tokens: int, groups: int, per_core: int) -> int:
 
 
 def _grouped_forward_plan(target: Target, tokens: int, sources: int, block_d: int, per_element: int,
-                          row: dict) -> Plan | None:
+                          row: dict, call_bytes: int) -> Plan | None:
     """The depth-tile forward in groups of row["group_rows"] source rows a step (fewer where N is smaller), on
     row["num_warps"]; one program per row["tokens_per_program"] tokens, or (0) row["programs_per_core"]
     persistent programs per core; None when a group does not fit on chip. Where the tokens are too few to give
     every core row["split_per_core"] programs, each token's groups are split over up to that many programs
     a core (`split`; a merge launch folds them), where that shortens a token's chain of groups by at least
     row["split_min_saved"] (the merge costs about that much). row["prefetch"]: each group's rows are loaded while
-    the group before is summed. Where the rows came from: bench/NOTES.md, attn_res run 12 (split: run 15;
-    prefetch: run 16)."""
+    the group before is summed, except in calls moving more than row["evict_first_min_bytes"] and at most
+    row["evict_first_max_bytes"] ((N + 1) rows of every token: past the L2, not far past it), which load rows
+    evict-first instead: two groups live cost a program slot a core, which a short grid's tail wave pays, and
+    evict-first keeps part of such a call's rows in L2 for the next (a call within L2 keeps them anyway). Where the
+    rows came from: bench/NOTES.md, attn_res run 12 (split: run 15; prefetch: run 16; evict-first: run 18)."""
     block_n = min(row["group_rows"], next_pow2(sources))
     if block_n * block_d * per_element > target.onchip_bytes:
         return None
-    prefetch = bool(row.get("prefetch"))
+    prefetch, evict_first = bool(row.get("prefetch")), False
+    if prefetch and row.get("evict_first_max_bytes"):
+        evict_first = bool(row["evict_first_min_bytes"] < call_bytes <= row["evict_first_max_bytes"])
+        prefetch = not evict_first
     splits, groups = 0, -(-sources // block_n)
     if row.get("split_per_core") and isinstance(tokens, int) and tokens > 0:
         splits = split_count(target, tokens, groups, row["split_per_core"])
     if splits > 1 and groups - -(-groups // splits) >= row.get("split_min_saved", 0):
         return Plan(block_t=1, block_d=block_d, one_tile=True, grid=tokens * splits, num_warps=row["num_warps"],
                     block_n=block_n, tokens_per_program=1, constant_dim=row["constant_dim"], split=splits,
-                    prefetch=prefetch)
+                    prefetch=prefetch, evict_first=evict_first)
     per_program = row["tokens_per_program"]
     if per_program and isinstance(tokens, int) and -(-tokens // per_program) > target.max_grid:
         per_program = 0  # Ascend's grid cap: a persistent grid instead
@@ -213,7 +221,8 @@ def _grouped_forward_plan(target: Target, tokens: int, sources: int, block_d: in
     else:
         grid = torch.sym_min(tokens, target.vector_cores * row["programs_per_core"])
     return Plan(block_t=1, block_d=block_d, one_tile=True, grid=grid, num_warps=row["num_warps"], block_n=block_n,
-                tokens_per_program=per_program, constant_dim=row["constant_dim"], prefetch=prefetch)
+                tokens_per_program=per_program, constant_dim=row["constant_dim"], prefetch=prefetch,
+                evict_first=evict_first)
 
 
 SPLIT_MERGE_BLOCK_D = 1024  # features per program of attn_res_fwd_merge_kernel (a few KB per token: latency-bound)
