@@ -19,14 +19,14 @@ import triton
 import triton.language as tl
 import triton.testing
 
+from bench.experiments.multi_backward_tiles import setup
+
 from fusedops.attn_res.kernels import _token_rows
-from fusedops.bench.common import measure_ceiling
 from fusedops.block_attn_res.kernels import attn_res_multi_bwd_grads_flat_kernel as grads_flat_kernel
 from fusedops.block_attn_res.kernels import attn_res_multi_bwd_grads_kernel, attn_res_multi_bwd_stats_kernel
 from fusedops.block_attn_res.op import _multi_backward
 from fusedops.block_attn_res.plan import multi_plan
 from fusedops.launch import launch
-from fusedops.targets import cuda_target
 
 
 @triton.jit
@@ -86,14 +86,7 @@ FLAT = [(32, 64, 8, 3, 8), (32, 64, 8, 2, 8), (32, 128, 8, 3, 8), (64, 64, 8, 3,
 
 
 def main():
-    dev = torch.device("cuda")
-    target = cuda_target(dev)
-    ceiling = measure_ceiling(dev)
-    print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__,
-          f"copy {ceiling:.2f} TB/s", flush=True)
-    cases = CASES
-    if os.environ.get("FMA_CASES"):
-        cases = [tuple(int(x) for x in c.split(",")) for c in os.environ["FMA_CASES"].split(";")]
+    dev, target, ceiling, cases = setup("FMA_CASES", CASES)
     configs = CONFIGS
     if os.environ.get("FMA_CONFIGS"):
         configs = [dict(zip(("block_d", "warps", "chunk", "per_core"), (int(x) for x in c.split(","))))
@@ -169,32 +162,24 @@ def main():
         ref_dv, ref_dq = planned()
         ms = triton.testing.do_bench_cudagraph(planned, return_mode="median")
         print(f"{case} tensor-core planned: {ms:.3f} ms ({100 * nbytes / ms / 1e9 / ceiling:.1f}% of copy)", flush=True)
-        best = (float("inf"), None)
-        for cfg in configs:
-            try:
-                dv, dq = fma(cfg)
-                err_dv = ((dv.float() - ref_dv.float()).norm() / ref_dv.float().norm()).item()
-                err_dq = ((dq - ref_dq).norm() / ref_dq.norm()).item()
-                t = triton.testing.do_bench_cudagraph(lambda cfg=cfg: fma(cfg), return_mode="median")
-            except Exception as e:  # noqa: BLE001 - reported, not fatal
-                print(f"{case} fma {cfg}: {type(e).__name__} {str(e)[:160]}", flush=True)
-                continue
-            print(f"{case} fma {cfg}: {t:.3f} ms ({100 * nbytes / t / 1e9 / ceiling:.1f}%), dv rel diff {err_dv:.1e}, "
-                  f"dq {err_dq:.1e}", flush=True)
-            best = min(best, (t, str(cfg)))
-        best_flat = (float("inf"), None)
-        for cfg in FLAT:
-            try:
-                dv, dq = flat(cfg)
-                err_dv = ((dv.float() - ref_dv.float()).norm() / ref_dv.float().norm()).item()
-                err_dq = ((dq - ref_dq).norm() / ref_dq.norm()).item()
-                t = triton.testing.do_bench_cudagraph(lambda cfg=cfg: flat(cfg), return_mode="median")
-            except Exception as e:  # noqa: BLE001 - reported, not fatal
-                print(f"{case} flat {cfg}: {type(e).__name__} {str(e)[:160]}", flush=True)
-                continue
-            print(f"{case} flat {cfg}: {t:.3f} ms ({100 * nbytes / t / 1e9 / ceiling:.1f}%), dv rel diff {err_dv:.1e}, "
-                  f"dq {err_dq:.1e}", flush=True)
-            best_flat = min(best_flat, (t, str(cfg)))
+        def sweep(label, run, cfgs):
+            """The fastest of run(cfg) over cfgs, each checked against the planned kernel's gradients."""
+            best = (float("inf"), None)
+            for cfg in cfgs:
+                try:
+                    dv, dq = run(cfg)
+                    err_dv = ((dv.float() - ref_dv.float()).norm() / ref_dv.float().norm()).item()
+                    err_dq = ((dq - ref_dq).norm() / ref_dq.norm()).item()
+                    t = triton.testing.do_bench_cudagraph(lambda cfg=cfg: run(cfg), return_mode="median")
+                except Exception as e:  # noqa: BLE001 - reported, not fatal
+                    print(f"{case} {label} {cfg}: {type(e).__name__} {str(e)[:160]}", flush=True)
+                    continue
+                print(f"{case} {label} {cfg}: {t:.3f} ms ({100 * nbytes / t / 1e9 / ceiling:.1f}%), dv rel diff "
+                      f"{err_dv:.1e}, dq {err_dq:.1e}", flush=True)
+                best = min(best, (t, str(cfg)))
+            return best
+
+        best, best_flat = sweep("fma", fma, configs), sweep("flat", flat, FLAT)
         summary.append((case, ms, best, best_flat))
         del values, grad_out, alpha, coef
         torch.cuda.empty_cache()

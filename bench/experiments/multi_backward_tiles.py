@@ -42,15 +42,20 @@ def _kernel_times(case, run) -> None:
                   f"{event.count // 5}", flush=True)
 
 
-def main():
+def setup(cases_variable: str, cases: list) -> tuple:
+    """(device, its target, the copy bandwidth measured now in TB/s, the cases: `cases` or the environment variable's
+    "N,M,tokens,D;..."), with the device and versions printed."""
     dev = torch.device("cuda")
-    target = cuda_target(dev)
     ceiling = measure_ceiling(dev)
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__,
           f"copy {ceiling:.2f} TB/s", flush=True)
-    cases = CASES
-    if os.environ.get("MB_CASES"):
-        cases = [tuple(int(x) for x in c.split(",")) for c in os.environ["MB_CASES"].split(";")]
+    if os.environ.get(cases_variable):
+        cases = [tuple(int(x) for x in c.split(",")) for c in os.environ[cases_variable].split(";")]
+    return dev, cuda_target(dev), ceiling, cases
+
+
+def main():
+    dev, target, ceiling, cases = setup("MB_CASES", CASES)
     summary = []
     for n, m, tokens, dim in cases:
         values = torch.randn(n, tokens, dim, device=dev, dtype=torch.bfloat16)
