@@ -977,7 +977,7 @@ def test_gpu_multi_reads_sources_past_2_31_elements(tokens):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("flat", [True, False])
 @pytest.mark.parametrize(("n", "m", "tokens", "dim"), [(8, 24, 300, 7168), (9, 6, 257, 4096), (4, 16, 1000, 1000),
-                                                     (17, 5, 64, 2048)])
+                                                     (12, 5, 64, 2048)])
 def test_gpu_multi_backward_matches_float64(dtype, flat, n, m, tokens, dim):
     """On a CUDA device: the tensor-core backward at model widths (the gradients pass as the flat kernel, as planned,
     or the batched one, forced), gradients through out and lse against float64 autograd on the CPU (bfloat16 values

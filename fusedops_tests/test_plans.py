@@ -149,6 +149,10 @@ def test_block_attn_res_plans_come_from_its_table():
     rows = {(n, m): multi_plan(h200, 8192, n, m, 4096, 2, backward=True).grad_rows
             for n, m in ((8, 24), (4, 16), (9, 6), (6, 64), (17, 8), (33, 4), (4, 64))}
     assert rows == {(8, 24): 16, (4, 16): 16, (9, 6): 32, (6, 64): 16, (17, 8): 32, (33, 4): 0, (4, 64): 0}
+    # 32-bit values: half the rows and columns (shared memory)
+    rows = {(n, m): multi_plan(h200, 8192, n, m, 4096, 4, backward=True).grad_rows
+            for n, m in ((8, 24), (9, 6), (4, 33), (17, 8))}
+    assert rows == {(8, 24): 16, (9, 6): 16, (4, 33): 0, (17, 8): 0}
     assert merge_plan(h200, 1, 7168, 2) == MergePlan(1, 8192, 1, 16, True, 1, True)
     assert merge_plan(h200, 8192, 7168, 2) == MergePlan(1, 8192, 8192, 8, True, 1, True)
     row = next(r for r in plans.table("block_attn_res")["rows"]

@@ -262,7 +262,7 @@ def _dot_backward_plan(target: Target, row: dict, tokens: int, sources: int, que
         return None
     block_t = min(row["dot_tokens"], prev_pow2(fits))
     grad_tokens = min(row["dot_grad_tokens"] or block_t, prev_pow2(grad_fits))
-    grad_rows = flat_grad_rows(row, sources, queries)
+    grad_rows = flat_grad_rows(row, sources, queries, elem_size)
     block_d2 = max(DOT_MIN, min(next_pow2(dim), row["dot_flat_tile_d" if grad_rows else "dot_grad_tile_d"]))
     blocks = -(-tokens // block_t)
     per_core = row["dot_flat_programs_per_core" if grad_rows else "dot_programs_per_core"]
@@ -273,17 +273,19 @@ def _dot_backward_plan(target: Target, row: dict, tokens: int, sources: int, que
                      grad_stages=row["dot_grad_stages"], grad_rows=grad_rows)
 
 
-def flat_grad_rows(row: dict, sources: int, queries: int) -> int:
+def flat_grad_rows(row: dict, sources: int, queries: int, elem_size: int) -> int:
     """The flat gradients kernel's rows a step: row["dot_grad_rows"], at least one token's N, doubled while whole
     tokens fill less than row["dot_grad_min_fill"] of them (N=9: 32 rows, 3 tokens); 0 (the batched kernel) where
-    the row asks none, or past row["dot_grad_max_rows"] rows or row["dot_grad_max_cols"] (token, query) columns
-    (its block-diagonal alpha tile and the grad_out rows it multiplies, both staged in shared memory)."""
+    the row asks none, or past row["dot_grad_max_rows"] rows or row["dot_grad_max_cols"] (token, query) columns of
+    16-bit values, half as many of 32-bit ones (its block-diagonal alpha tile and the grad_out rows it multiplies,
+    staged in shared memory: fp32 values at 16 rows, 128 columns, 64 queries take 256 KB in the sm_90 compile)."""
     if not row["dot_grad_rows"]:
         return 0
+    max_rows, max_cols = (row[cap] * 2 // elem_size for cap in ("dot_grad_max_rows", "dot_grad_max_cols"))
     rows = max(row["dot_grad_rows"], next_pow2(sources))
-    while rows // sources * sources < row["dot_grad_min_fill"] * rows and 2 * rows <= row["dot_grad_max_rows"]:
+    while rows // sources * sources < row["dot_grad_min_fill"] * rows and 2 * rows <= max_rows:
         rows *= 2
-    fits = rows <= row["dot_grad_max_rows"] and flat_grad_cols(rows, sources, queries) <= row["dot_grad_max_cols"]
+    fits = rows <= max_rows and flat_grad_cols(rows, sources, queries) <= max_cols
     return rows if fits else 0
 
 
