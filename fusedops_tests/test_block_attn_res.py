@@ -255,7 +255,7 @@ def test_multi_two_pass_forward_matches_per_query_attn_res(path, n, m, batch, di
 def test_multi_backward_matches_float64(path, n, m, batch, dim, dtype, grads_of, wanted, flat, seed):
     """The backward on its own terms: gradients through out, lse or both, of values, queries or both (the other
     frozen), for depths and query counts past one tensor-core tile (CUDA plans: the statistics then gradients
-    kernels, the flat one (as planned up to 32 rows and 128 columns a step) or the batched one (not flat: forced),
+    kernels, the flat one (as planned, within its rows and columns caps) or the batched one (not flat: forced),
     fewer tokens a step for deep or wide blocks and the CUDA-core kernel past the interpreter row's caps; Ascend's:
     the CUDA-core kernel), against float64 autograd."""
     gen = torch.Generator().manual_seed(seed)
