@@ -37,7 +37,7 @@ from .kernels import (
     attn_res_multi_out_kernel,
     attn_res_multi_softmax_kernel,
 )
-from .plan import DOT_MIN, MultiPlan, flat_grad_cols, forced_plan, merge_plan, multi_plan, pow2_at_least
+from .plan import DOT_MIN, MultiPlan, flat_grad_cols, flat_grad_step, forced_plan, merge_plan, multi_plan, pow2_at_least
 from .sources import stack_sources
 
 # ---- attn_res_multi ---------------------------------------------------------------------------------------
@@ -198,7 +198,7 @@ def _multi_backward_dot(g, glse, values, queries, grad_values, grad_queries, has
            dict(HAS_G=flags["HAS_G"], HAS_DLSE=has_dlse, BLOCK_T=plan.block_t, BLOCK_M=plan.block_m,
                 BLOCK_N=plan.block_n, BLOCK_D=plan.block_d, HALF=exact_bf16 or values.dtype == torch.float16,
                 num_warps=plan.num_warps, **precision))
-    step = max(1, plan.grad_rows // n) if plan.grad_rows else plan.grad_tokens or plan.block_t
+    step = flat_grad_step(plan.grad_rows, n) if plan.grad_rows else plan.grad_tokens or plan.block_t
     per_program = -(-(-(-tokens // plan.grid)) // step) * step
     programs = -(-tokens // per_program)
     partial = values.new_empty((programs, m, dim) if flags["NEED_DQ"] else (1,), dtype=torch.float32)

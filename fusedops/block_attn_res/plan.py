@@ -289,9 +289,14 @@ def flat_grad_rows(row: dict, sources: int, queries: int, elem_size: int) -> int
     return rows if fits else 0
 
 
+def flat_grad_step(rows: int, sources: int) -> int:
+    """The flat gradients kernel's tokens a step: as many whole tokens as its rows hold, at least one."""
+    return max(1, rows // sources)
+
+
 def flat_grad_cols(rows: int, sources: int, queries: int) -> int:
-    """The flat gradients kernel's (token, query) columns a step: its rows // N tokens x M queries."""
-    return max(DOT_MIN, next_pow2(max(1, rows // sources) * queries))
+    """The flat gradients kernel's (token, query) columns a step: its tokens a step x M queries."""
+    return max(DOT_MIN, next_pow2(flat_grad_step(rows, sources) * queries))
 
 
 def forced_plan(plan, kernel: str, *, sources: int, queries: int, dim: int):
