@@ -39,6 +39,10 @@ ASCEND_DEFAULT_AI_CORES = 24
 # row with two rows in flight); smaller tiles leave room for more programs per SM.
 CUDA_ONCHIP_BYTES = 192 * 1024
 CUDA_MAX_GRID = 2**31 - 1
+# Shared memory one CUDA program may use (the opt-in per-block limit): 227 KiB on sm_90 (H100, H200), the
+# GPUs the plan tables' tile caps were measured on; 163 KiB on sm_80 (A100), 99 KiB on sm_86/sm_89 (RTX 30xx/
+# 40xx, A10, L4, L40S) and sm_120. Planners of the tensor-core kernels shrink their tiles to the device's.
+CUDA_SMEM_BYTES = 227 * 1024
 
 
 def size_hint(n, fallback: int = 4096) -> int:
@@ -71,6 +75,8 @@ class Target:
     arch:          the architecture name the plan tables key on (fusedops.plans): "sm90", "sm90-h200" (an
                    H200: the H100's chip with more, faster memory), "sm<major><minor>" for other CUDA GPUs;
                    "" where unknown (the interpreter, Ascend for now): the tables' generic "*" rows.
+    smem_bytes:    shared memory one program may use (CUDA's opt-in per-block limit; the tensor-core kernels
+                   stage their dot operands there). Ascend keeps the default: its plans size tiles by the UB.
     """
 
     vendor: str
@@ -83,6 +89,7 @@ class Target:
     persistent: bool
     interpreted: bool = False
     arch: str = ""
+    smem_bytes: int = CUDA_SMEM_BYTES
 
     def grid_size(self, blocks: int, *, matrix: bool = False, persistent: bool | None = None) -> int:
         """Programs to launch for `blocks` independent work items (>= 1, <= max_grid). A persistent
@@ -110,6 +117,15 @@ class Target:
         of a scratch buffer that Ascend vector loads read)."""
         step = max(1, self.row_align // elem_size) if self.row_align % elem_size == 0 else self.row_align
         return -(-elems // step) * step
+
+    def smem_shrink(self) -> int:
+        """The power of two by which a tile cap measured with CUDA_SMEM_BYTES of shared memory (the H100's and
+        H200's) is divided so that the tile fits this device's smem_bytes: 1 on Hopper, 2 on an A100, 4 where a
+        program has 99 KiB."""
+        shrink = 1
+        while self.smem_bytes * shrink < CUDA_SMEM_BYTES:
+            shrink *= 2
+        return shrink
 
 
 def _env_int(name: str, default: int) -> int:
@@ -143,6 +159,12 @@ def cuda_arch(name: str, major: int, minor: int, total_memory: int) -> str:
 
 
 @functools.lru_cache(maxsize=None)
+def _cuda_smem_bytes(index: int) -> int:
+    # torch builds without the property (older than 2.1) are taken as Hopper, as before it was read
+    return getattr(torch.cuda.get_device_properties(index), "shared_memory_per_block_optin", CUDA_SMEM_BYTES)
+
+
+@functools.lru_cache(maxsize=None)
 def _cuda_arch(index: int) -> str:
     props = torch.cuda.get_device_properties(index)
     return cuda_arch(props.name, props.major, props.minor, props.total_memory)
@@ -151,10 +173,10 @@ def _cuda_arch(index: int) -> str:
 def cuda_target(device: torch.device | None = None, *, interpreted: bool = False) -> Target:
     """The CUDA plan's target; under the interpreter, a 4-SM stand-in so persistent loops loop."""
     if interpreted:
-        sms, arch = 4, ""
+        sms, arch, smem = 4, "", CUDA_SMEM_BYTES
     else:
         index = device.index if device is not None and device.index is not None else torch.cuda.current_device()
-        sms, arch = _cuda_sm_count(index), _cuda_arch(index)
+        sms, arch, smem = _cuda_sm_count(index), _cuda_arch(index), _cuda_smem_bytes(index)
     return Target(
         vendor="cuda",
         vector_cores=sms,
@@ -166,6 +188,7 @@ def cuda_target(device: torch.device | None = None, *, interpreted: bool = False
         persistent=False,
         interpreted=interpreted,
         arch=arch,
+        smem_bytes=smem,
     )
 
 

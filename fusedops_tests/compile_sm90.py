@@ -9,10 +9,15 @@ each launch's registers per thread and spill (stack) bytes. With --eager it comp
 eager launch specialises it instead (pointers and multiples of 16 marked divisible by 16, ints equal
 to 1 made constants): the register counts of the launches the op makes outside torch.compile.
 
-    PYTHONPATH=. python fusedops_tests/compile_sm90.py --resources [--eager]"""
+Every launch must also fit the device's shared memory a program (Target.smem_bytes). With --capability 86 the
+ops plan for a GPU with 99 KB of it (sm_86/sm_89: RTX 30xx/40xx, A10, L4, L40S) and the kernels of the ops with
+tensor-core dots (which stage their operands in shared memory) compile for sm_86.
+
+    PYTHONPATH=. python fusedops_tests/compile_sm90.py --resources [--eager] [--capability 86]"""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -34,6 +39,10 @@ from fusedops.targets import CUDA_ONCHIP_BYTES, Target
 
 H100 = Target(vendor="cuda", vector_cores=132, matrix_cores=132, onchip_bytes=CUDA_ONCHIP_BYTES,
               max_grid=2**31 - 1, row_align=16, resident=4, persistent=False)
+# shared memory a program may use, by compute capability (CUDA's opt-in per-block limit)
+SMEM_BYTES = {90: 227 * 1024, 86: 99 * 1024}
+# the ops whose kernels stage tensor-core operands in shared memory
+TENSOR_CORE_MODULES = ("block_attn_res.kernels", "neighborhood_attention.kernels")
 POINTER = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.float64: "*fp64",
            torch.int64: "*i64", torch.int32: "*i32", torch.int16: "*i16"}
 
@@ -170,10 +179,14 @@ def resources(compiled) -> str:
 
 
 def main() -> int:
-    run_ops()
+    capability = int(sys.argv[sys.argv.index("--capability") + 1]) if "--capability" in sys.argv else 90
+    target = dataclasses.replace(H100, smem_bytes=SMEM_BYTES[capability])
+    run_ops(target)
     failures = 0
     seen = set()
     for kernel, tensors, scalars, meta in launches:
+        if capability != 90 and not kernel.fn.__module__.endswith(TENSOR_CORE_MODULES):
+            continue
         signature, constexprs, attrs = (eager_signature if "--eager" in sys.argv else inductor_signature)(
             kernel, tensors, scalars, meta)
         key = (kernel.fn.__name__, tuple(signature.items()), tuple(constexprs.items()))
@@ -182,14 +195,20 @@ def main() -> int:
         seen.add(key)
         options = {k: meta[k] for k in ("num_warps", "num_stages", "maxnreg") if k in meta}
         try:
-            compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
-                                      options=options)
+            compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs),
+                                      target=GPUTarget("cuda", capability, 32), options=options)
             usage = resources(compiled) if "--resources" in sys.argv else ""
-            print("ok", kernel.fn.__name__, constexprs, options, usage)
+            shared = compiled.metadata.shared
+            if shared > target.smem_bytes:
+                failures += 1
+                print("FAILED", kernel.fn.__name__, constexprs, options,
+                      f"needs {shared} bytes of shared memory, past the {target.smem_bytes} a program may use")
+                continue
+            print("ok", kernel.fn.__name__, constexprs, options, f"shared {shared}", usage)
         except Exception as e:  # noqa: BLE001 - report every kernel, then fail
             failures += 1
             print("FAILED", kernel.fn.__name__, constexprs, f"{type(e).__name__}: {e}")
-    print(f"{len(seen)} launches compiled for sm_90, {failures} failed")
+    print(f"{len(seen)} launches compiled for sm_{capability}, {failures} failed")
     return 1 if failures or not seen else 0
 
 

@@ -19,7 +19,7 @@ import fusedops
 from fusedops import internals, plans
 from fusedops.targets import Target, ascend_target, cuda_arch, cuda_target
 
-from .helpers import execution_path, recorded_launches
+from .helpers import execution_path, gpu, recorded_launches
 
 PINS = Path(__file__).with_name("plan_pins.json")
 H100 = Target(vendor="cuda", vector_cores=132, matrix_cores=132, onchip_bytes=192 * 1024, max_grid=2**31 - 1,
@@ -164,6 +164,94 @@ def test_block_attn_res_plans_come_from_its_table():
         assert not multi_plan(h200, 2048, 9, 8, 7168, 2).two_pass
     assert multi_plan(h200, 512, 9, 8, 7168, 2).block_d == 64
     assert multi_plan(h200, 2048, 9, 8, 7168, 2).two_pass
+
+
+SMEM_99K, SMEM_163K = 99 * 1024, 163 * 1024  # sm_86/sm_89/sm_120 and sm_80 GPUs' shared memory a program
+
+
+def test_smem_shrink_scales_the_hopper_caps():
+    assert [dataclasses.replace(H100, smem_bytes=b).smem_shrink() for b in (227 * 1024, 228 * 1024, SMEM_163K,
+                                                                            SMEM_99K, 64 * 1024)] == [1, 1, 2, 4, 4]
+    assert cuda_target(interpreted=True).smem_shrink() == 1 and ascend_target(interpreted=True).smem_shrink() == 1
+
+
+def test_cuda_target_reads_the_device_shared_memory(monkeypatch):
+    """The CUDA target takes the device's opt-in shared memory a block (an L40S: 99 KB, so the tile caps shrink 4x)."""
+    from types import SimpleNamespace
+
+    from fusedops import targets
+
+    props = SimpleNamespace(multi_processor_count=142, name="NVIDIA L40S", major=8, minor=9, total_memory=48 * 2**30,
+                            shared_memory_per_block_optin=SMEM_99K)
+    cached = (targets._cuda_sm_count, targets._cuda_arch, targets._cuda_smem_bytes)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
+    try:
+        for fn in cached:
+            fn.cache_clear()
+        t = cuda_target(torch.device("cuda", 0))
+        assert (t.vector_cores, t.arch, t.smem_bytes, t.smem_shrink()) == (142, "sm89", SMEM_99K, 4)
+    finally:
+        for fn in cached:
+            fn.cache_clear()
+
+
+@gpu
+def test_gpu_target_reads_the_device_shared_memory():
+    props = torch.cuda.get_device_properties(0)
+    target = cuda_target(torch.device("cuda", 0))
+    assert target.smem_bytes == props.shared_memory_per_block_optin
+    assert props.major != 9 or target.smem_shrink() == 1  # Hopper: the tables' own caps
+
+
+@pytest.mark.parametrize("smem", [SMEM_99K, SMEM_163K])
+def test_neighborhood_attention_plans_fit_a_smaller_shared_memory(smem):
+    """On a GPU with less shared memory than Hopper the NA plans drop a pipelining stage, then shrink their boxes,
+    until the kernels' shared memory (the planner's estimate, held to sm_86 compiles by test_kernels_compile) fits;
+    where even the smallest tiles do not (float64 backward at head dim 256 on 99 KB) the planner raises, naming
+    shared memory. (Hopper's plans are pinned: test_plans_of_pinned_shapes_are_unchanged.)"""
+    from fusedops.neighborhood_attention.plan import DEFAULT_STAGES, make_plan, smem_bytes
+
+    small = dataclasses.replace(H100, arch="sm86", smem_bytes=smem)
+    refused = []
+    for (spatial, kernel), d, dtype, backward in itertools.product(
+            [((1, 1, 8192), (1, 1, 129)), ((1, 1, 8192), (1, 1, 2048)), ((1, 64, 64), (1, 13, 13)),
+             ((16, 32, 32), (7, 7, 7))], (32, 64, 128, 256), (torch.bfloat16, torch.float32, torch.float64),
+            (False, True)):
+        nd = sum(k > 1 for k in kernel)
+        args = (spatial, (1, 1, 1), d, d, dtype, nd)
+        kw = dict(backward=backward, kernel=kernel, halo=kernel[2] - 1 if backward and nd == 1 else None)
+        try:
+            plan = make_plan(small, *args, **kw)
+        except ValueError as e:
+            assert "shared memory" in str(e)
+            refused.append((d, dtype, backward))
+            continue
+        if plan.fused:
+            continue
+        operand = 8 if dtype == torch.float64 else 4 if dtype == torch.float32 else 2
+        for p in (plan, plan.dkdv or plan):
+            assert smem_bytes(p.block_m, p.block_n, p.block_d, p.block_dv, p.num_stages or DEFAULT_STAGES, operand,
+                              backward) <= smem, (spatial, kernel, d, dtype, backward, p)
+    assert set(refused) == ({(256, torch.float64, True)} if smem == SMEM_99K else set())
+
+
+def test_block_attn_res_plans_shrink_to_a_smaller_shared_memory():
+    """The tensor-core kernels' caps, measured with Hopper's 227 KB, divide by Target.smem_shrink: an A100 takes
+    half the tokens a step and the flat gradients kernel within half the rows and columns, a 99 KB GPU a quarter of
+    the tokens and the batched gradients kernel; the forward narrower tiles (the sm_86 compile of such plans:
+    test_kernels_compile)."""
+    from fusedops.block_attn_res.plan import multi_plan
+
+    hopper, a100, small = (dataclasses.replace(H100, arch="sm86" if b < 227 * 1024 else "sm100", smem_bytes=b)
+                           for b in (227 * 1024, SMEM_163K, SMEM_99K))
+    wide = {name: multi_plan(t, 8192, 8, 24, 7168, 2, backward=True) for name, t in
+            (("hopper", hopper), ("a100", a100), ("small", small))}
+    assert [(p.grad_rows, p.block_t, p.grad_tokens) for p in wide.values()] == [(16, 8, 4), (16, 4, 2), (0, 2, 1)]
+    narrow = {name: multi_plan(t, 8192, 4, 6, 4096, 2, backward=True).grad_rows for name, t in
+              (("hopper", hopper), ("a100", a100), ("small", small))}
+    assert narrow == {"hopper": 16, "a100": 16, "small": 0}
+    decode = [multi_plan(t, 1, 9, 24, 7168, 2) for t in (hopper, a100, small)]
+    assert [p.block_d for p in decode] == [128, 64, 32] and [p.block_d2 for p in decode] == [128, 64, 32]
 
 
 # ---- forced configurations -------------------------------------------------------------------------------------

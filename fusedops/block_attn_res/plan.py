@@ -206,9 +206,11 @@ def _dot_plan(target: Target, tokens: int, hint: int, sources: int, queries: int
     def tile(wanted: int, cap: int) -> int:
         return max(DOT_MIN, min(next_pow2(dim), wanted, prev_pow2(max(1, cap))))
 
+    # the tiles' element caps were measured with Hopper's shared memory (Target.smem_shrink)
+    row_elements, out_elements = (row[cap] // target.smem_shrink() for cap in ("row_elements", "out_elements"))
     width = row["wide_tile_d"] if block_m >= row["wide_queries"] else row["narrow_tile_d"]
-    block_d = tile(block_d or width, row["row_elements"] // rows)
-    block_d2 = tile(width, min(row["out_elements"] // (block_t * block_m), row["row_elements"] // rows))
+    block_d = tile(block_d or width, row_elements // rows)
+    block_d2 = tile(width, min(out_elements // (block_t * block_m), row_elements // rows))
     d_tiles = -(-dim // block_d2)
     blocks = -(-hint // block_t)
     splits = max(1, min(d_tiles, slots // blocks)) if blocks < slots else 1
@@ -251,18 +253,19 @@ def _dot_backward_plan(target: Target, row: dict, tokens: int, sources: int, que
     token's rows exceed that or M exceeds row["dot_max_queries"]. Where flat_grad_rows allows, the gradients pass is
     the flat kernel instead (grad_rows rows a step, row["dot_flat_tile_d"] features, row["dot_flat_programs_per_core"]).
     Where the rows came from: bench/NOTES.md, Block AttnRes runs 3 and 4; the caps: the sm_90 compile's shared memory
-    (227 KB a program on the H100 and the H200)."""
+    (227 KB a program on the H100 and the H200; a device with less divides them by Target.smem_shrink)."""
     block_m, block_n = pow2_at_least(queries, DOT_MIN), pow2_at_least(sources, DOT_MIN)
+    shrink = target.smem_shrink()
 
     def tokens_fitting(query_rows: int) -> int:
-        return min(row["dot_max_rows"] // block_n, query_rows // block_m) * 2 // elem_size
+        return min(row["dot_max_rows"] // block_n, query_rows // block_m) * 2 // elem_size // shrink
 
     fits, grad_fits = tokens_fitting(row["dot_max_query_rows"]), tokens_fitting(row["dot_max_grad_query_rows"])
     if grad_fits < 1 or block_m > row["dot_max_queries"]:
         return None
     block_t = min(row["dot_tokens"], prev_pow2(fits))
     grad_tokens = min(row["dot_grad_tokens"] or block_t, prev_pow2(grad_fits))
-    grad_rows = flat_grad_rows(row, sources, queries, elem_size)
+    grad_rows = flat_grad_rows(row, sources, queries, elem_size, shrink)
     block_d2 = max(DOT_MIN, min(next_pow2(dim), row["dot_flat_tile_d" if grad_rows else "dot_grad_tile_d"]))
     blocks = -(-tokens // block_t)
     per_core = row["dot_flat_programs_per_core" if grad_rows else "dot_programs_per_core"]
@@ -273,15 +276,16 @@ def _dot_backward_plan(target: Target, row: dict, tokens: int, sources: int, que
                      grad_stages=row["dot_grad_stages"], grad_rows=grad_rows)
 
 
-def flat_grad_rows(row: dict, sources: int, queries: int, elem_size: int) -> int:
+def flat_grad_rows(row: dict, sources: int, queries: int, elem_size: int, shrink: int = 1) -> int:
     """The flat gradients kernel's rows a step: row["dot_grad_rows"], at least one token's N, doubled while whole
     tokens fill less than row["dot_grad_min_fill"] of them (N=9: 32 rows, 3 tokens); 0 (the batched kernel) where
     the row asks none, or past row["dot_grad_max_rows"] rows or row["dot_grad_max_cols"] (token, query) columns of
-    16-bit values, half as many of 32-bit ones (its block-diagonal alpha tile and the grad_out rows it multiplies,
-    staged in shared memory: fp32 values at 16 rows, 128 columns, 64 queries take 256 KB in the sm_90 compile)."""
+    16-bit values, half as many of 32-bit ones, both divided by `shrink` (Target.smem_shrink) (its block-diagonal
+    alpha tile and the grad_out rows it multiplies, staged in shared memory: fp32 values at 16 rows, 128 columns,
+    64 queries take 256 KB in the sm_90 compile)."""
     if not row["dot_grad_rows"]:
         return 0
-    max_rows, max_cols = (row[cap] * 2 // elem_size for cap in ("dot_grad_max_rows", "dot_grad_max_cols"))
+    max_rows, max_cols = (row[cap] * 2 // elem_size // shrink for cap in ("dot_grad_max_rows", "dot_grad_max_cols"))
     rows = max(row["dot_grad_rows"], next_pow2(sources))
     while rows // sources * sources < row["dot_grad_min_fill"] * rows and 2 * rows <= max_rows:
         rows *= 2

@@ -4,8 +4,10 @@ A tile is a box of positions (3 axes, the unused leading ones of size 1) inside 
 The query box (BM) and the key box (BN) are chosen per number of spatial axes so that a query box's
 neighbourhood is covered by few key boxes, then clamped to the group lengths and shrunk (largest
 axis first) until one program's working set fits the target's on-chip budget: registers on CUDA,
-the 192 KiB Unified Buffer on Ascend. Ascend launches a persistent grid of one program per AI core
-(never more than 65535 programs); CUDA launches one program per tile.
+the 192 KiB Unified Buffer on Ascend; on a CUDA GPU with less shared memory than Hopper's, also the
+shared memory the kernels stage their dot operands in (smem_bytes; one pipelining stage fewer first).
+Ascend launches a persistent grid of one program per AI core (never more than 65535 programs); CUDA
+launches one program per tile.
 
 A 1-D backward whose windows are narrow runs as one fused kernel (dQ, dK and dV from one score block
 of OWN owned rows plus a halo on each side, see na_bwd_fused_1d_kernel); its plan has fused=True and
@@ -89,6 +91,25 @@ def _footprint(bm: int, bn: int, block_d: int, block_dv: int, backward: bool, el
     else:
         elems = bm * block_d + bn * block_d + bn * block_dv + 2 * bm * bn + bm * block_dv
     return elem_bytes * elems
+
+
+# Triton's software-pipelining depth on CUDA when a plan names none (Plan.num_stages None).
+DEFAULT_STAGES = 3
+SMEM_SLACK = 1024  # what the compiles take beyond the tiles (128-256 bytes: barriers, reduction scratch), rounded up
+
+
+def smem_bytes(bm: int, bn: int, block_d: int, block_dv: int, stages: int, operand_bytes: int, backward: bool) -> int:
+    """Shared memory one program takes at most (a fit to sm_80/sm_86 compiles, bench/NOTES.md "shared memory"),
+    operand_bytes the dot operands' element size: the forward keeps the query tile and stages - 1 key/value tiles in
+    flight, the dQ kernel dO's tile besides; the dK/dV kernel a query and a key tile of both widths whatever its
+    stages; each a score tile; and SMEM_SLACK."""
+    forward = bm * block_d + max(1, stages - 1) * bn * (block_d + block_dv)
+    kernels = max(forward + bm * block_dv, (bm + bn) * (block_d + block_dv)) if backward else forward
+    return operand_bytes * (kernels + bm * bn) + SMEM_SLACK
+
+
+def _volume(box: Sequence[int]) -> int:
+    return box[0] * box[1] * box[2]
 
 
 def _clamp(box: list[int], limits: Sequence[int], floor: int) -> list[int]:
@@ -183,16 +204,31 @@ def make_plan(
     stages = force.get("num_stages")
     bm = _clamp(bm, group_len, floor)
     bn = _clamp(bn, group_len, floor)
+    # A GPU with less shared memory than the Hopper parts the rows were measured on (Target.smem_shrink): one
+    # pipelining stage fewer, then smaller boxes, until the kernels fit (plans that force boxes or stages excepted).
+    operand = 8 if f64 else 4 if dot_fp32 else 2
+    fit_smem = cuda_gpu and target.smem_shrink() > 1 and stages is None and not boxes_forced
+
+    def smem_over(box_m, box_n, depth) -> bool:
+        need = smem_bytes(_volume(box_m), _volume(box_n), block_d, block_dv, depth, operand, backward)
+        return fit_smem and need > target.smem_bytes
+
+    if smem_over(bm, bn, DEFAULT_STAGES):
+        stages = DEFAULT_STAGES - 1
     # shrink to the on-chip budget, the larger of the two boxes first, along its longest axis (forced boxes
     # are taken as given: a sweep times exactly the tiles it names, or fails to compile them; rows with
-    # shrink false are taken as they are)
-    while not boxes_forced and row["shrink"] and _footprint(
-            bm[0] * bm[1] * bm[2], bn[0] * bn[1] * bn[2], block_d, block_dv, backward, elem_bytes(dtype)) > target.onchip_bytes:
-        vm, vn = bm[0] * bm[1] * bm[2], bn[0] * bn[1] * bn[2]
-        box = bm if vm >= vn else bn
-        if box[0] * box[1] * box[2] // 2 < floor:
+    # shrink false are taken as they are, except to fit shared memory)
+    while not boxes_forced and (row["shrink"] and _footprint(
+            _volume(bm), _volume(bn), block_d, block_dv, backward, elem_bytes(dtype)) > target.onchip_bytes
+            or smem_over(bm, bn, stages or DEFAULT_STAGES)):
+        box = bm if _volume(bm) >= _volume(bn) else bn
+        if _volume(box) // 2 < floor:
             other = bn if box is bm else bm
-            if other[0] * other[1] * other[2] // 2 < floor:
+            if _volume(other) // 2 < floor:
+                if smem_over(bm, bn, stages or DEFAULT_STAGES):
+                    raise ValueError(
+                        f"neighborhood_attention: head dim {head_dim} of {dtype} needs more than this GPU's "
+                        f"{target.smem_bytes} bytes of shared memory a program at the smallest tiles")
                 break  # smallest legal tiles: run anyway (spills on CUDA)
             box = other
         axis = max(range(3), key=lambda a: box[a])
@@ -215,6 +251,9 @@ def make_plan(
     # the dK/dV kernel's own plan: the row's boxes (2-D tall plans), or what plan_override(..., "dkdv") forces
     dkdv = None
     own_boxes = (row["dkdv_bm"], row["dkdv_bn"]) if row["dkdv_bm"] is not None and not boxes_forced else None
+    if own_boxes is not None and smem_over(*(_clamp(list(b), group_len, floor) for b in own_boxes),
+                                           stages or DEFAULT_STAGES):
+        own_boxes = None  # the dQ plan's boxes, which fit
     # (its own boxes run uncapped; forced mask or launch keys alone keep the dQ plan's boxes and dK/dV cap)
     dkdv_regs = None if own_boxes is not None or "bm" in force_dkdv or "bn" in force_dkdv else plan.dkdv_registers
     if any(k in force_dkdv for k in ("bm", "bn", "num_warps", "num_stages", "registers", "mask_bits")):
