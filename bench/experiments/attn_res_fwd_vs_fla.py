@@ -3,9 +3,12 @@ attn_res runs 16 and 18): the op as the grid calls it (with a norm weight) as pl
 depth-tile forward's row-load options (prefetch, neither, evict-first), with the weight folded into the query
 beforehand, beside fla, each a CUDA-graph replay, in two alternating rounds. With --ncu the same
 calls run once each inside an NVTX range "profile", for `ncu --nvtx --nvtx-include profile/` to read both kernels'
-counters. Last run with torch 2.11 + Triton 3.6 + fla-core 0.6.0 on an H200.
+counters. do_bench_cudagraph leaves L2 warm between replays (a 113 MB step then reads ~40% of its rows from L2);
+--cold times each captured call with do_bench, which flushes L2 before every replay as the grid does, and sweeps
+the depth-tile forward's rows a group (2, 4, 8) x warps (4, 8) x row loads (prefetch, evict-first, both, neither),
+printing fla's autotuned config beside. Last run with torch 2.11 + Triton 3.6 + fla-core 0.6.0 on an H200.
 
-    python -m bench.experiments.attn_res_fwd_vs_fla [--ncu]"""
+    python -m bench.experiments.attn_res_fwd_vs_fla [--ncu | --cold]"""
 
 import os
 import sys
@@ -45,6 +48,9 @@ def main():
                     return fusedops.attn_res(v, q, w)
             return call
 
+        if "--cold" in sys.argv:
+            cold_sweep(n, tokens, dim, v, q, w, sources, forced, fused_attnres, ceiling)
+            continue
         calls = {"fusedops (v, q, w) planned": lambda: fusedops.attn_res(v, q, w),
                  "fusedops prefetch": forced(prefetch=True, evict_first=False),
                  "fusedops neither": forced(prefetch=False, evict_first=False),
@@ -69,6 +75,33 @@ def main():
         for name, us in times.items():
             print(f"{case} {name}: {' / '.join(f'{t:.1f}' for t in us)} us "
                   f"({100 * nbytes / (min(us) * 1e-6) / (ceiling * 1e12):.1f}% of copy)", flush=True)
+
+
+def cold_sweep(n, tokens, dim, v, q, w, sources, forced, fused_attnres, ceiling):
+    from fla.ops.attnres import fused as fla_fused
+
+    from fusedops.bench.common import cuda_graph
+
+    calls = {"planned": lambda: fusedops.attn_res(v, q, w),
+             "fla": lambda: fused_attnres(q, sources, w, rms_eps=1e-6)}
+    for rows in (2, 4, 8):
+        for warps in (4, 8):
+            for name, prefetch, evict in (("p", 1, 0), ("e", 0, 1), ("pe", 1, 1), ("-", 0, 0)):
+                calls[f"g{rows} w{warps} {name}"] = forced(variant="depth_tile", block_n=rows, num_warps=warps,
+                                                           prefetch=bool(prefetch), evict_first=bool(evict))
+    nbytes = (n + 1) * tokens * dim * 2
+    times = {}
+    for name, call in calls.items():
+        try:
+            times[name] = triton.testing.do_bench(cuda_graph(call), return_mode="median") * 1e3
+        except Exception as e:  # noqa: BLE001 - a forced plan that does not compile is reported, not fatal
+            print(f"N{n} T{tokens} D{dim} {name}: {type(e).__name__}", flush=True)
+    tuned = getattr(fla_fused.attnres_fwd_kernel, "cache", {})
+    best = min((t, k) for k, t in times.items() if k not in ("planned", "fla"))
+    print(f"N{n} T{tokens} D{dim} cold us: planned {times['planned']:.1f} "
+          f"({100 * nbytes / (times['planned'] * 1e-6) / (ceiling * 1e12):.1f}% of copy), fla {times['fla']:.1f} "
+          f"({list(tuned.values())[-1] if tuned else '?'}), best {best[1]} {best[0]:.1f}; all: "
+          + ", ".join(f"{k} {t:.1f}" for k, t in times.items() if k not in ("planned", "fla")), flush=True)
 
 
 if __name__ == "__main__":
