@@ -6,7 +6,7 @@ calls run once each inside an NVTX range "profile", for `ncu --nvtx --nvtx-inclu
 counters. do_bench_cudagraph leaves L2 warm between replays (a 113 MB step then reads ~40% of its rows from L2);
 --cold times each captured call with do_bench, which flushes L2 before every replay as the grid does, and sweeps
 the depth-tile forward's rows a group (2, 4, 8) x warps (4, 8) x row loads (prefetch, evict-first, both, neither),
-printing fla's autotuned config beside. Last run with torch 2.11 + Triton 3.6 + fla-core 0.6.0 on an H200.
+printing fla's autotuned config beside (FWD_VARIANTS="g2 w4 p;g4 w4 p": only those). Last run with torch 2.11 + Triton 3.6 + fla-core 0.6.0 on an H200.
 
     python -m bench.experiments.attn_res_fwd_vs_fla [--ncu | --cold]"""
 
@@ -84,9 +84,12 @@ def cold_sweep(n, tokens, dim, v, q, w, sources, forced, fused_attnres, ceiling)
 
     calls = {"planned": lambda: fusedops.attn_res(v, q, w),
              "fla": lambda: fused_attnres(q, sources, w, rms_eps=1e-6)}
+    wanted = os.environ.get("FWD_VARIANTS")  # e.g. "g2 w4 p;g4 w4 p": only these (and the planned call, and fla)
     for rows in (2, 4, 8):
         for warps in (4, 8):
             for name, prefetch, evict in (("p", 1, 0), ("e", 0, 1), ("pe", 1, 1), ("-", 0, 0)):
+                if wanted and f"g{rows} w{warps} {name}" not in wanted.split(";"):
+                    continue
                 calls[f"g{rows} w{warps} {name}"] = forced(variant="depth_tile", block_n=rows, num_warps=warps,
                                                            prefetch=bool(prefetch), evict_first=bool(evict))
     nbytes = (n + 1) * tokens * dim * 2
