@@ -3,10 +3,11 @@ attn_res runs 16 and 18): the op as the grid calls it (with a norm weight) as pl
 depth-tile forward's row-load options (prefetch, neither, evict-first), with the weight folded into the query
 beforehand, beside fla, each a CUDA-graph replay, in two alternating rounds. With --ncu the same
 calls run once each inside an NVTX range "profile", for `ncu --nvtx --nvtx-include profile/` to read both kernels'
-counters. do_bench_cudagraph leaves L2 warm between replays (a 113 MB step then reads ~40% of its rows from L2);
---cold times each captured call with do_bench, which flushes L2 before every replay as the grid does, and sweeps
-the depth-tile forward's rows a group (2, 4, 8) x warps (4, 8) x row loads (prefetch, evict-first, both, neither),
-printing fla's autotuned config beside (FWD_VARIANTS="g2 w4 p;g4 w4 p": only those). Last run with torch 2.11 + Triton 3.6 + fla-core 0.6.0 on an H200.
+counters. do_bench_cudagraph leaves L2 warm between replays (a step not far past the L2's size then reads part of
+its rows from it); --cold times each captured call with do_bench, which flushes L2 before every replay as the grid
+does, and sweeps the depth-tile forward's rows a group (2, 4, 8) x warps (4, 8) x row loads (prefetch, evict-first,
+both, neither), printing fla's autotuned config beside (FWD_VARIANTS="g2 w4 p;g4 w4 p": only those). Last run with
+torch 2.11 + Triton 3.6 + fla-core 0.6.0 on an H200.
 
     python -m bench.experiments.attn_res_fwd_vs_fla [--ncu | --cold]"""
 
