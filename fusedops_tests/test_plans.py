@@ -122,6 +122,20 @@ def test_h200_resolves_its_own_rows():
     assert make_plan(h200, 4096, 7168, 2, backward=False) == make_plan(H100, 4096, 7168, 2, backward=False)
 
 
+def test_h200_forward_takes_whole_groups_where_they_waste_nothing():
+    """The H200's depth-tile forward at D 1025-2048 takes 4 rows a group instead of 2 in a prefetching call (past
+    the evict-first window) where N is a multiple of 4 and D a power of two (attn_res run 19); elsewhere 2."""
+    from fusedops.attn_res.plan import depth_tile_plan
+
+    h200 = dataclasses.replace(H100, arch="sm90-h200")
+    rows = {(n, tokens, dim): depth_tile_plan(h200, tokens, n, dim, 2, backward=False).block_n
+            for n, tokens, dim in ((12, 32768, 2048), (8, 32768, 2048), (16, 8192, 2048), (6, 32768, 2048),
+                                   (9, 32768, 2048), (12, 2048, 2048), (16, 32768, 1536), (12, 32768, 1024))}
+    assert rows == {(12, 32768, 2048): 4, (8, 32768, 2048): 4, (16, 8192, 2048): 4, (6, 32768, 2048): 2,
+                    (9, 32768, 2048): 2, (12, 2048, 2048): 2, (16, 32768, 1536): 2, (12, 32768, 1024): 2}
+    assert depth_tile_plan(H100, 32768, 12, 2048, 2, backward=False).block_n == 2  # the H100 rows: not measured
+
+
 def test_block_attn_res_plans_come_from_its_table():
     """The H200 sweeps' plans (bench/NOTES.md, Block AttnRes runs 1-3) come out of block_attn_res/plans.json,
     and a row ahead of the table changes them: nothing measured is left in the planner's code."""

@@ -159,7 +159,8 @@ def depth_tile_plan(target: Target, tokens: int, sources: int, dim: int, elem_si
     row = resolve(OP, "bwd_depth" if backward else "fwd_depth", target, **features)
     if not backward and row.get("group_rows"):
         call_bytes = (sources + 1) * size_hint(tokens) * size_hint(dim) * elem_size  # a choice, not a grid: hinted
-        return _grouped_forward_plan(target, tokens, sources, block_d, per_element, row, call_bytes)
+        full_lanes = block_d == size_hint(dim)  # a power-of-two D: no masked lanes in a row's tile
+        return _grouped_forward_plan(target, tokens, sources, block_d, per_element, row, call_bytes, full_lanes)
     if tile * per_element > target.onchip_bytes:
         return None
     if not cuda:
@@ -187,7 +188,7 @@ def split_count(target: Target, tokens: int, groups: int, per_core: int) -> int:
 
 
 def _grouped_forward_plan(target: Target, tokens: int, sources: int, block_d: int, per_element: int,
-                          row: dict, call_bytes: int) -> Plan | None:
+                          row: dict, call_bytes: int, full_lanes: bool) -> Plan | None:
     """The depth-tile forward in groups of row["group_rows"] source rows a step (fewer where N is smaller), on
     row["num_warps"]; one program per row["tokens_per_program"] tokens, or (0) row["programs_per_core"]
     persistent programs per core; None when a group does not fit on chip. Where the tokens are too few to give
@@ -197,15 +198,20 @@ def _grouped_forward_plan(target: Target, tokens: int, sources: int, block_d: in
     the group before is summed, except in calls moving more than row["evict_first_min_bytes"] and at most
     row["evict_first_max_bytes"] ((N + 1) rows of every token: past the L2, not far past it), which load rows
     evict-first instead: two groups live cost a program slot a core, which a short grid's tail wave pays, and
-    evict-first keeps part of such a call's rows in L2 for the next (a call within L2 keeps them anyway). Where the
-    rows came from: bench/NOTES.md, attn_res run 12 (split: run 15; prefetch: run 16; evict-first: run 18)."""
+    evict-first keeps part of such a call's rows in L2 for the next (a call within L2 keeps them anyway). Prefetching
+    calls take row["whole_group_rows"] rows a group instead where those waste nothing: N a multiple of them and D
+    a power of two (full_lanes). Where the rows came from: bench/NOTES.md, attn_res run 12 (split: run 15; prefetch:
+    run 16; evict-first: run 18; whole groups: run 19)."""
     block_n = min(row["group_rows"], next_pow2(sources))
-    if block_n * block_d * per_element > target.onchip_bytes:
-        return None
     prefetch, evict_first = bool(row.get("prefetch")), False
     if prefetch and row.get("evict_first_max_bytes"):
         evict_first = bool(row["evict_first_min_bytes"] < call_bytes <= row["evict_first_max_bytes"])
         prefetch = not evict_first
+    whole = row.get("whole_group_rows", 0)
+    if prefetch and whole and full_lanes and size_hint(sources) % whole == 0:
+        block_n = whole
+    if block_n * block_d * per_element > target.onchip_bytes:
+        return None
     splits, groups = 0, -(-sources // block_n)
     if row.get("split_per_core") and isinstance(tokens, int) and tokens > 0:
         splits = split_count(target, tokens, groups, row["split_per_core"])
