@@ -256,8 +256,9 @@ def test_block_attn_res_plans_shrink_to_a_smaller_shared_memory():
     test_kernels_compile)."""
     from fusedops.block_attn_res.plan import multi_plan
 
-    hopper, a100, small = (dataclasses.replace(H100, arch="sm86" if b < 227 * 1024 else "sm100", smem_bytes=b)
-                           for b in (227 * 1024, SMEM_163K, SMEM_99K))
+    # GPUs the tables have not seen (their "*" rows): a 227 KB one (sm_100), an A100, an L40S
+    hopper, a100, small = (dataclasses.replace(H100, arch=arch, smem_bytes=b)
+                           for arch, b in (("sm100", 227 * 1024), ("sm80", SMEM_163K), ("sm89", SMEM_99K)))
     wide = {name: multi_plan(t, 8192, 8, 24, 7168, 2, backward=True) for name, t in
             (("hopper", hopper), ("a100", a100), ("small", small))}
     assert [(p.grad_rows, p.block_t, p.grad_tokens) for p in wide.values()] == [(16, 8, 4), (16, 4, 2), (0, 2, 1)]
