@@ -122,10 +122,8 @@ class Target:
         """The power of two by which a tile cap measured with CUDA_SMEM_BYTES of shared memory (the H100's and
         H200's) is divided so that the tile fits this device's smem_bytes: 1 on Hopper, 2 on an A100, 4 where a
         program has 99 KiB."""
-        shrink = 1
-        while self.smem_bytes * shrink < CUDA_SMEM_BYTES:
-            shrink *= 2
-        return shrink
+        ratio = -(-CUDA_SMEM_BYTES // max(1, self.smem_bytes))
+        return 1 << (ratio - 1).bit_length()
 
 
 def _env_int(name: str, default: int) -> int:
@@ -160,8 +158,9 @@ def cuda_arch(name: str, major: int, minor: int, total_memory: int) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _cuda_smem_bytes(index: int) -> int:
-    # torch builds without the property (older than 2.1) are taken as Hopper, as before it was read
-    return getattr(torch.cuda.get_device_properties(index), "shared_memory_per_block_optin", CUDA_SMEM_BYTES)
+    # a torch build without the property, or a device reporting none, is taken as Hopper, as before it was read
+    smem = getattr(torch.cuda.get_device_properties(index), "shared_memory_per_block_optin", 0)
+    return smem if smem > 0 else CUDA_SMEM_BYTES
 
 
 @functools.lru_cache(maxsize=None)

@@ -204,6 +204,9 @@ def test_cuda_target_reads_the_device_shared_memory(monkeypatch):
             fn.cache_clear()
         t = cuda_target(torch.device("cuda", 0))
         assert (t.vector_cores, t.arch, t.smem_bytes, t.smem_shrink()) == (142, "sm89", SMEM_99K, 4)
+        props.shared_memory_per_block_optin = 0  # a device that reports none: taken as Hopper's
+        targets._cuda_smem_bytes.cache_clear()
+        assert cuda_target(torch.device("cuda", 0)).smem_bytes == 227 * 1024
     finally:
         for fn in cached:
             fn.cache_clear()
