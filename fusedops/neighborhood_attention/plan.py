@@ -44,6 +44,11 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def _volume(box: Sequence[int]) -> int:
+    """Positions in a 3-axis box."""
+    return box[0] * box[1] * box[2]
+
+
 @dataclass(frozen=True)
 class Plan:
     bm: tuple[int, int, int]  # query box
@@ -76,11 +81,11 @@ class Plan:
 
     @property
     def block_m(self) -> int:
-        return self.bm[0] * self.bm[1] * self.bm[2]
+        return _volume(self.bm)
 
     @property
     def block_n(self) -> int:
-        return self.bn[0] * self.bn[1] * self.bn[2]
+        return _volume(self.bn)
 
 
 def _footprint(bm: int, bn: int, block_d: int, block_dv: int, backward: bool, elem_bytes: int = 4) -> int:
@@ -108,10 +113,6 @@ def smem_bytes(bm: int, bn: int, block_d: int, block_dv: int, stages: int, opera
     return operand_bytes * (kernels + bm * bn) + SMEM_SLACK
 
 
-def _volume(box: Sequence[int]) -> int:
-    return box[0] * box[1] * box[2]
-
-
 def _clamp(box: list[int], limits: Sequence[int], floor: int) -> list[int]:
     """Shrink each axis of the box to the smallest power of two >= its group length, keeping the box's
     volume >= floor."""
@@ -119,8 +120,7 @@ def _clamp(box: list[int], limits: Sequence[int], floor: int) -> list[int]:
     for a in range(3):
         want = min(box[a], next_pow2(max(1, limits[a])))
         while box[a] > want:
-            vol = box[0] * box[1] * box[2]
-            if vol // 2 < floor:
+            if _volume(box) // 2 < floor:
                 break
             box[a] //= 2
     return box
@@ -210,8 +210,8 @@ def make_plan(
     fit_smem = cuda_gpu and target.smem_shrink() > 1 and stages is None and not boxes_forced
 
     def smem_over(box_m, box_n, depth) -> bool:
-        need = smem_bytes(_volume(box_m), _volume(box_n), block_d, block_dv, depth, operand, backward)
-        return fit_smem and need > target.smem_bytes
+        return fit_smem and smem_bytes(_volume(box_m), _volume(box_n), block_d, block_dv, depth, operand,
+                                       backward) > target.smem_bytes
 
     if smem_over(bm, bn, DEFAULT_STAGES):
         stages = DEFAULT_STAGES - 1
@@ -234,7 +234,7 @@ def make_plan(
         axis = max(range(3), key=lambda a: box[a])
         box[axis] //= 2
     if warps is None:
-        warps = 4 if bm[0] * bm[1] * bm[2] * bn[0] * bn[1] * bn[2] <= 64 * 64 else 8
+        warps = 4 if _volume(bm) * _volume(bn) <= 64 * 64 else 8
     # register caps: measured on 4-warp tiles only; never on forced boxes unless named
     capped = warps == 4 and not boxes_forced
     cap = force.get("registers", row["registers"] or None if capped else None)
