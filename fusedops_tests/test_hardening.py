@@ -703,6 +703,40 @@ def test_attn_res_split_forward_non_finite_matches_the_reference(path, kind):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)
 
 
+@NON_FINITE_ARITHMETIC
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("kind", ["logits", "norm_weight", "nan_value", "inf_value"])
+@pytest.mark.parametrize("wrt", ["values", "all"])
+def test_attn_res_16_bit_one_pass_backward_non_finite_matches_the_reference(path, dtype, kind, wrt, monkeypatch):
+    """The one-pass backward of 16-bit values defers its heavy rows (alpha >= 1/8) to waiting slots and writes
+    the others at once. A NaN alpha is neither: its row's gradient must still be written (it was left as
+    grad_values' uninitialised memory where no parameter gradient was asked for: with one, the reduction
+    rewrites the stashed rows). Gradients agree with the reference's, NaN for NaN."""
+    if kind in ("logits", "norm_weight"):
+        values, query, weight = _ar_extreme(kind)
+    else:
+        values, query, weight = _ar_extreme("none")
+        values[1, 2, 3] = math.nan if kind == "nan_value" else math.inf
+    values = values.to(dtype)
+    grad_out = torch.randn(4, 16, generator=torch.Generator().manual_seed(9)).to(dtype)
+
+    def run(run_path):
+        leaves = [t.clone().requires_grad_(wrt == "all" or i == 0) for i, t in enumerate((values, query, weight))]
+        with execution_path(run_path), fusedops.plan_override("attn_res", "backward", variant="one_pass"):
+            out, _ = torch.ops.fusedops.attn_res_with_lse(*leaves, 1e-6)  # the one-pass kernel reads out and lse
+            return [out.detach(), *torch.autograd.grad(out, [t for t in leaves if t.requires_grad], grad_out)]
+
+    # Uninitialised memory made visible: what empty_like hands the op holds a finite sentinel, not whatever
+    # the allocator's block held before (often NaN here, which would hide a row left unwritten).
+    empty_like = torch.empty_like
+    monkeypatch.setattr(torch, "empty_like", lambda *args, **kw: empty_like(*args, **kw).fill_(-1234.0))
+
+    for got, ref in zip(run(path), run("reference"), strict=True):
+        assert torch.equal(got.isnan(), ref.isnan())
+        torch.testing.assert_close(got.float(), ref.float(), rtol=2e-2, atol=2e-2, equal_nan=True)
+
+
 # ---- float64: every op computes in float64, and gradcheck runs on every path ---------------------------------
 
 F64 = torch.float64

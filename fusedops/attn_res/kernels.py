@@ -588,10 +588,11 @@ def _one_pass_row(x, row_ok, g, u, lse, g_out, D, eps, count, g_out_exact, DEFER
     dx, coef, alpha, k = _grad_row(x, g, u, logit, rstd, gv, lse, g_out, D)
     g_out_exact += tl.where(row_ok, alpha * gv, 0.0)
     # `written` is spelled out rather than row_ok & ~defer: triton-ascend 3.2's interpreter cannot invert
-    # (or combine with a constexpr) a boolean tensor.
+    # (or combine with a constexpr) a boolean tensor. A NaN alpha fails both comparisons: such a row is not
+    # deferred, so it is written (alpha != alpha), its gradient NaN.
     if DEFER:
         defer = row_ok & (alpha >= DEFER_ALPHA) & (count < MAX_DEFERRED)
-        written = row_ok & ((alpha < DEFER_ALPHA) | (count >= MAX_DEFERRED))
+        written = row_ok & ((alpha < DEFER_ALPHA) | (alpha != alpha) | (count >= MAX_DEFERRED))
     else:
         defer = count < 0
         written = row_ok
