@@ -818,6 +818,41 @@ def test_merge_writes_the_updated_sum_into_a_bank_slot(path, num_add):
 
 
 @pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("grad", [False, True], ids=["inference", "grad"])
+@pytest.mark.parametrize("shares", ["out", "lse", "partial", "query", "addend", "gain"])
+def test_merge_partial_out_is_checked_on_both_routes(path, grad, shares):
+    """partial_out is checked whether the fused in-place op runs (no grad) or the differentiable op then a copy
+    (grad): its shape, dtype and device, and that it shares no byte with any input, each error naming what it
+    shares (the kernel re-reads query, gain and lse after writing p': an overlap gave a wrong h; with grad no
+    check ran at all: a [2, T, D] buffer took a broadcast copy, a float16 one a cast)."""
+    gen = torch.Generator().manual_seed(17)
+    out, lse, partial, query, adds, gain = merge_inputs((4,), 16, torch.float32, gen, 1, True)
+    buffer = torch.randn(4, 16, generator=gen)  # the slot p' goes to, holding the shared input
+    inputs = dict(out=out, lse=lse, partial=partial, query=query, addend=adds[0], gain=gain)
+    inputs[shares] = {"lse": buffer[:, 3], "query": buffer[1], "gain": buffer[2]}.get(shares, buffer)
+    if grad:
+        trained = "query" if shares == "out" else "out"
+        inputs[trained] = inputs[trained].clone().requires_grad_()
+
+    def merge(partial_out):
+        return fusedops.attn_res_merge(inputs["out"], inputs["lse"], inputs["partial"], inputs["query"],
+                                       inputs["addend"], inputs["gain"], partial_out=partial_out)
+
+    with execution_path(path):
+        for wrong in (torch.zeros(2, 4, 16), torch.zeros(4, 16, dtype=torch.float16),
+                      torch.zeros(4, 16, device="meta")):
+            with pytest.raises(ValueError, match="partial_out"):
+                merge(wrong)
+        with pytest.raises(ValueError, match=f"partial_out must not overlap {shares} "):
+            merge(buffer)
+        h, p = merge(torch.empty(4, 16))  # the same inputs into a buffer of its own
+        ref_h, ref_p = fusedops.attn_res_merge(*(inputs[k].detach() for k in ("out", "lse", "partial", "query")),
+                                               inputs["addend"].detach(), inputs["gain"].detach())
+    torch.testing.assert_close(h.detach(), ref_h, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(p, ref_p, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("path", PATHS)
 def test_module_matches_separate_attn_res_modules(path):
     """fusedops.nn.BlockAttnRes over a block equals M fusedops.nn.AttnRes modules (same query and norm_weight)
     over the stacked sources [b_0..b_{N-1}, p], forward and parameter gradients."""

@@ -531,10 +531,17 @@ def attn_res_merge_op(out: Tensor, lse: Tensor, partial: Tensor, query: Tensor, 
     return _merge_run(out, lse, partial, query, addend, addend2, gain, eps, norm_eps)
 
 
+def _byte_span(t: Tensor) -> tuple[int, int]:
+    """[first, last + 1) bytes of t's storage that t's elements occupy."""
+    last = t.storage_offset() + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+    return t.storage_offset() * t.element_size(), (last + 1) * t.element_size()
+
+
 def _may_overlap(a: Tensor, b: Tensor) -> bool:
-    """Whether two [*batch, D] tensors may share an element: exact for views with one row stride and a unit
-    last stride (bank slots interleave without overlapping), conservative (their extents meet) otherwise.
-    Reads no data. Tensors without a storage (traced) are not compared: the eager call checks them."""
+    """Whether two tensors may share a byte: exact for [*batch, D] views of one dtype with one row stride and a
+    unit last stride (bank slots interleave without overlapping), conservative (their byte spans meet) otherwise,
+    any shapes and dtypes. Reads no data. Tensors without a storage (traced) are not compared: the eager call
+    checks them."""
     if a.numel() == 0 or b.numel() == 0:
         return False
     try:
@@ -542,19 +549,27 @@ def _may_overlap(a: Tensor, b: Tensor) -> bool:
             return False
     except RuntimeError:  # a traced (functional, fake) tensor has no storage to compare: nothing to check
         return False
-    (sa, ra), (sb, rb) = [collapse_dims(t.shape[:-1], t.stride()[:-1]) for t in (a, b)]
-    dim, delta = a.shape[-1], b.storage_offset() - a.storage_offset()
-    if len(sa) == 1 and sa == sb and ra == rb and a.stride(-1) == b.stride(-1) == 1 and ra[0] >= dim:
-        rows, stride = sa[0], ra[0]
-        k = delta // stride if stride else 0
-        return any(abs(j) < rows and abs(delta - j * stride) < dim for j in (k, k + 1))
-    ends = [t.storage_offset() + sum((n - 1) * st for n, st in zip(t.shape, t.stride())) for t in (a, b)]
-    return a.storage_offset() <= ends[1] and b.storage_offset() <= ends[0]
+    if a.dim() and b.dim() and a.element_size() == b.element_size():
+        (sa, ra), (sb, rb) = [collapse_dims(t.shape[:-1], t.stride()[:-1]) for t in (a, b)]
+        dim, delta = a.shape[-1], b.storage_offset() - a.storage_offset()
+        if len(sa) == 1 and sa == sb and ra == rb and a.stride(-1) == b.stride(-1) == 1 and ra[0] >= dim:
+            rows, stride = sa[0], ra[0]
+            k = delta // stride if stride else 0
+            return any(abs(j) < rows and abs(delta - j * stride) < dim for j in (k, k + 1))
+    (a0, a1), (b0, b1) = _byte_span(a), _byte_span(b)
+    return a0 < b1 and b0 < a1
+
+
+def merge_reads(out, lse, partial, query, addend, addend2, gain) -> tuple:
+    """(name, tensor) of every input of a merge: partial_out may overlap none of them (the kernel re-reads
+    partial, the addends, out, lse, query and gain after it has written p')."""
+    return (("out", out), ("lse", lse), ("partial", partial), ("query", query), ("addend", addend),
+            ("addend2", addend2), ("gain", gain))
 
 
 def check_partial_out(partial_out: Tensor, partial: Tensor, reads, check_overlap: bool) -> None:
-    """partial_out: partial's dtype and shape on its device, and (real tensors) sharing no element with what
-    the kernel reads: a later pass re-reads partial and the addends, and out, after partial_out is written."""
+    """partial_out: partial's dtype and shape on its device, and (real tensors) sharing no byte with any of
+    `reads` (merge_reads)."""
     check_tensor("partial_out", partial_out, partial.dtype, partial.shape)
     check_same_device([("partial", partial), ("partial_out", partial_out)])
     if check_overlap:
@@ -571,8 +586,7 @@ def _merge_into(out: Tensor, lse: Tensor, partial: Tensor, query: Tensor, addend
     (e.g. a slot of a token-major bank, `bank[:, slot]`, written in place) and returning h (or
     rmsnorm(h) * gain). For inference: no autograd formula. partial_out must not overlap the inputs."""
     check_merge_args(out, lse, partial, query, addend, addend2, gain, eps, norm_eps)
-    check_partial_out(partial_out, partial, (("out", out), ("partial", partial), ("addend", addend),
-                                             ("addend2", addend2)), True)
+    check_partial_out(partial_out, partial, merge_reads(out, lse, partial, query, addend, addend2, gain), True)
     target = target_for(out.device, out.dtype)
     if target is None:
         y, p_new = reference.attn_res_merge(out, lse, partial, query, addend, addend2, gain, eps, norm_eps)
@@ -615,7 +629,7 @@ def attn_res_merge(out: Tensor, lse: Tensor, partial: Tensor, query: Tensor,
         norm_eps: the output RMSNorm's epsilon; None means eps.
         partial_out: None, or a tensor of partial's shape and dtype (e.g. the next slot of a token-major bank,
             ``bank[:, slot]``, written in place: its batch dims must merge into one strided dim) that receives
-            p' (partial itself when there are no addends); it must not overlap out, partial or the addends.
+            p' (partial itself when there are no addends); it must not overlap any other argument.
             Fused into the same launch when no input requires grad (inference, the op
             ``fusedops::attn_res_merge_into``); otherwise the differentiable op runs and p' is copied in.
 
@@ -646,6 +660,7 @@ def attn_res_merge(out: Tensor, lse: Tensor, partial: Tensor, query: Tensor,
             # no dispatcher on the eager path: its host time is as long as a 2048-token merge on the GPU (a block
             # makes 24)
             return attn_res_merge_into_op(*args, partial_out), partial_out
+        check_partial_out(partial_out, partial, merge_reads(*tensors), checks_in_wrapper())
         h, p_new = attn_res_merge(out, lse, partial, query, addends, gain, eps, norm_eps)
         partial_out.copy_(p_new)
         return h, partial_out
