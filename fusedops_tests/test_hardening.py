@@ -19,6 +19,7 @@ import fusedops
 from fusedops import launch as launch_module
 from fusedops.neighborhood_attention import op as na_op
 from fusedops.neighborhood_attention.op import MAX_SCALE
+from fusedops.numerics import float_args, split_float32
 from fusedops.validation import FP32, check_fp32_normal
 
 from .helpers import KERNEL_PATHS, PATHS, execution_path, gpu, opaque_triton_ops, recorded_launches
@@ -848,6 +849,62 @@ def test_embedding_gradcheck_float64(path, padding_idx):
         for scale in (False, True):
             _gradcheck(path, lambda g: torch.ops.fusedops.embedding_backward(g, indices, 5, padding_idx, scale),
                        (grad_out,))
+
+
+def test_split_float32_carries_a_float64_scalar_to_2_to_the_minus_48():
+    """A Python float reaches a kernel as float32 (Triton's typing; Inductor's code passes float64): kernel scalar
+    arguments travel as hi + lo, both exact in float32, hi being x rounded to float32 (to 2^-48 of x where lo is a
+    normal float32 number, |x| >= 2^-102)."""
+    gen = torch.Generator().manual_seed(3)
+    for x in [0.3, 1e-6, 1 / 3, 8 ** -0.5, 1.4426950408889634 * 0.1, 1.8e19, 1e-30, 2.0] + \
+            (torch.rand(200, generator=gen, dtype=F64) * 10).tolist():
+        hi, lo = split_float32(x)
+        assert hi == torch.tensor(x, dtype=torch.float32).item()
+        assert lo == torch.tensor(lo, dtype=torch.float32).item()
+        assert abs(hi + lo - x) <= 2 ** -48 * abs(x)
+    assert split_float32(1e300) == (1e300, 0.0) and split_float32(3) == (3, 0.0)
+    assert float_args(eps=0.3, scale=2.0) == {"eps": split_float32(0.3)[0], "eps_lo": split_float32(0.3)[1],
+                                              "scale": 2.0, "scale_lo": 0.0}
+
+
+def _f64_results(fn, leaves) -> list:
+    leaves = [t.detach().clone().requires_grad_() for t in leaves]
+    outs = fn(*leaves)
+    loss = sum((o * torch.linspace(-1, 1, o.numel(), dtype=F64).reshape(o.shape)).sum() for o in outs)
+    return [o.detach() for o in outs] + list(torch.autograd.grad(loss, leaves))
+
+
+F64_OPS = {  # op (results as a tuple) and its inputs; eps, norm_eps and scale not exact in float32
+    "attn_res": (lambda v, q, w: fusedops.attn_res(v, q, w, eps=0.3, return_lse=True),
+                 lambda: (0.3 * _f64(3, 4, 16, seed=1), _f64(16, seed=2), _f64(16, seed=3, positive=True))),
+    "attn_res_multi": (lambda v, q: fusedops.attn_res_multi(v, q, eps=0.3),
+                       lambda: (0.3 * _f64(3, 4, 16, seed=1), _f64(3, 16, seed=2))),
+    "attn_res_merge": (lambda o, lse, p, q, a, g: fusedops.attn_res_merge(o, lse, p, q, a, g, eps=0.3, norm_eps=0.7),
+                       lambda: (_f64(4, 16, seed=1), _f64(4, seed=2), 0.3 * _f64(4, 16, seed=3), _f64(16, seed=4),
+                                0.1 * _f64(4, 16, seed=5), _f64(16, seed=6, positive=True))),
+    "na_1d_fused_backward": (lambda q, k, v: fusedops.neighborhood_attention(q, k, v, 5, scale=0.3, return_lse=True),
+                             lambda: (4 * _f64(1, 2, 16, 8, seed=1), _f64(1, 2, 16, 8, seed=2), _f64(1, 2, 16, 8, seed=3))),
+    "na_2d": (lambda q, k, v: fusedops.neighborhood_attention(q, k, v, 3, scale=0.3, return_lse=True),
+              lambda: (4 * _f64(1, 1, 6, 7, 8, seed=1), _f64(1, 1, 6, 7, 8, seed=2), _f64(1, 1, 6, 7, 8, seed=3))),
+}
+
+
+@pytest.mark.parametrize("path, onchip_bytes", [pytest.param("cuda", b, id=f"cuda-plan-{b or 'planned'}",
+                                                             marks=pytest.mark.interpreter) for b in AR_BUDGETS])
+@pytest.mark.parametrize("op", sorted(F64_OPS))
+def test_float64_kernels_match_the_reference_to_float64_precision(op, path, onchip_bytes):
+    """The float64 kernels compute in float64, their float scalars (eps, norm_eps, the softmax scale) included:
+    results and gradients within 1e-12 of the reference's. Those scalars reached the kernels rounded to float32,
+    which put float64 results off by 1e-8 to 1e-7 (gradcheck passed: forward and backward used the same rounded
+    value). On the Ascend plan float64 runs the reference."""
+    fn, make = F64_OPS[op]
+    inputs = make()
+    with execution_path("reference"):
+        want = _f64_results(fn, inputs)
+    with execution_path(path, onchip_bytes):
+        got = _f64_results(fn, inputs)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("path", KERNEL_PATHS[:1])

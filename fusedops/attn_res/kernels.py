@@ -12,7 +12,7 @@ lse and partial sums included. Softmaxes over depth take their exponentials rela
 import triton
 import triton.language as tl
 
-from fusedops.tl_masks import mask_if
+from fusedops.tl_helpers import float_arg, mask_if
 
 
 @triton.jit
@@ -66,7 +66,7 @@ def _mix(acc, m, denom, x, logit):
 @triton.jit
 def attn_res_fwd_kernel(
     v_ptr, q_ptr, w_ptr, out_ptr, lse_ptr, logits_ptr,
-    N, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, eps,
+    N, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, eps, eps_lo,
     HAS_WEIGHT: tl.constexpr, ONE_TILE: tl.constexpr, UNROLL: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, F64: tl.constexpr,
 ):
@@ -78,7 +78,7 @@ def attn_res_fwd_kernel(
     walks D tiles again and sums the weighted rows (the re-read mostly hits L2 / is local on Ascend).
     """
     ACC = tl.float64 if F64 else tl.float32
-    eps = tl.cast(eps, ACC)  # Inductor passes Python floats as fp64
+    eps = float_arg(eps, eps_lo, F64)
     pid = tl.program_id(0)
     num_blocks = tl.cdiv(T, BLOCK_T)
     for block in range(pid, num_blocks, tl.num_programs(0)):
@@ -219,7 +219,7 @@ def _depth_tile_token(t, rows, u, out_ptr, lse_ptr, N, D, STRIDE_N, eps, d, d_ma
 @triton.jit
 def attn_res_fwd_depth_tile_kernel(
     v_ptr, q_ptr, w_ptr, out_ptr, lse_ptr, part_ptr,
-    N, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, eps, splits,
+    N, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, eps, eps_lo, splits,
     HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, F64: tl.constexpr,
     DIM: tl.constexpr = 0, TOKENS: tl.constexpr = 0, SPLIT: tl.constexpr = False, PREFETCH: tl.constexpr = False,
     EVICT_FIRST: tl.constexpr = False,
@@ -237,7 +237,7 @@ def attn_res_fwd_depth_tile_kernel(
     if DIM > 0:
         D = DIM
     ACC = tl.float64 if F64 else tl.float32
-    eps = tl.cast(eps, ACC)  # Inductor passes Python floats as fp64
+    eps = float_arg(eps, eps_lo, F64)
     pid = tl.program_id(0)
     d, d_mask, n, _, _, src = _depth_tile(N, D, STRIDE_N, BLOCK_N, BLOCK_D)
     u = _folded_query(q_ptr, w_ptr, d, d_mask, HAS_WEIGHT, ACC)
@@ -372,7 +372,7 @@ def _store_partial(partial_ptr, dv_ptr, du, pid, t0, d, d_mask, D, DV_STEP,
 @triton.jit
 def attn_res_bwd_kernel(
     g_ptr, glse_ptr, v_ptr, q_ptr, w_ptr, dv_ptr, partial_ptr, stats_ptr,
-    N, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, STAT_PLANE, DV_STEP, SLICE, eps,
+    N, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, STAT_PLANE, DV_STEP, SLICE, eps, eps_lo,
     HAS_WEIGHT: tl.constexpr, HAS_DLSE: tl.constexpr, NEED_DV: tl.constexpr, NEED_DU: tl.constexpr,
     ONE_TILE: tl.constexpr,
     UNROLL: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, F64: tl.constexpr,
@@ -397,7 +397,7 @@ def attn_res_bwd_kernel(
     p * num_programs(1) + s of `partial_ptr`.
     """
     ACC = tl.float64 if F64 else tl.float32
-    eps = tl.cast(eps, ACC)  # Inductor passes Python floats as fp64
+    eps = float_arg(eps, eps_lo, F64)
     pid = tl.program_id(0)
     num_blocks = tl.cdiv(T, BLOCK_T)
     for block in range(pid, num_blocks, tl.num_programs(0)):
@@ -629,7 +629,7 @@ def _token_loads(g_ptr, out_ptr, v_ptr, io, src, mask, d, N, STRIDE_N, UNROLL: t
 @triton.jit
 def attn_res_bwd_onepass_kernel(
     g_ptr, glse_ptr, out_ptr, lse_ptr, v_ptr, q_ptr, w_ptr, dv_ptr, partial_ptr, wait_ptr,
-    N, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, DV_STEP, eps,
+    N, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, DV_STEP, eps, eps_lo,
     HAS_WEIGHT: tl.constexpr, HAS_DLSE: tl.constexpr, NEED_DV: tl.constexpr, NEED_DU: tl.constexpr,
     DEFER: tl.constexpr, UNROLL: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
     STASH: tl.constexpr, STASH_BLOCK: tl.constexpr, F64: tl.constexpr, DIM: tl.constexpr = 0,
@@ -660,7 +660,7 @@ def attn_res_bwd_onepass_kernel(
         D = DIM
     ACC = tl.float64 if F64 else tl.float32
     INDEX = tl.int64 if F64 else tl.int32  # a waiting row's index, stored as ACC's bits
-    eps = tl.cast(eps, ACC)  # Inductor passes Python floats as fp64
+    eps = float_arg(eps, eps_lo, F64)
     pid = tl.program_id(0)
     d = tl.arange(0, BLOCK_D)
     d_mask = d < D
@@ -804,7 +804,7 @@ def attn_res_bwd_onepass_kernel(
 @triton.jit
 def attn_res_bwd_depth_tile_kernel(
     g_ptr, glse_ptr, v_ptr, q_ptr, w_ptr, dv_ptr, partial_ptr,
-    N, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, DV_STEP, eps,
+    N, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, DV_STEP, eps, eps_lo,
     HAS_WEIGHT: tl.constexpr, HAS_DLSE: tl.constexpr, NEED_DV: tl.constexpr, NEED_DU: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, STASH: tl.constexpr, STASH_BLOCK: tl.constexpr, F64: tl.constexpr,
 ):
@@ -815,7 +815,7 @@ def attn_res_bwd_depth_tile_kernel(
     of the query/weight gradient (partial_ptr, [grid, D]; with STASH > 0 in grad_values, as in the
     one-pass kernel)."""
     ACC = tl.float64 if F64 else tl.float32
-    eps = tl.cast(eps, ACC)  # Inductor passes Python floats as fp64
+    eps = float_arg(eps, eps_lo, F64)
     pid = tl.program_id(0)
     d, d_mask, n, n_mask, mask, src = _depth_tile(N, D, STRIDE_N, BLOCK_N, BLOCK_D)
     u = _folded_query(q_ptr, w_ptr, d, d_mask, HAS_WEIGHT, ACC)

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from fusedops.launch import launch
 from fusedops.plans import forced
-from fusedops.numerics import accumulate_dtype
+from fusedops.numerics import accumulate_dtype, float_args
 from fusedops.layout import sources_walk, unit_last_stride, walkable_sources
 from fusedops.registry import fused_op
 from fusedops.targets import Target, target_for
@@ -103,7 +103,7 @@ def _forward(
     s1, s2, st0, st1, st2 = sources_walk(values)
     plan = forward_plan(target, tokens, n, dim, values.element_size())
     weight = query if norm_weight is None else norm_weight
-    walk = dict(N=n, T=tokens, D=dim, S1=s1, S2=s2, ST0=st0, ST1=st1, ST2=st2, STRIDE_N=values.stride(0), eps=eps)
+    walk = dict(N=n, T=tokens, D=dim, S1=s1, S2=s2, ST0=st0, ST1=st1, ST2=st2, STRIDE_N=values.stride(0), **float_args(eps=eps))
     f64 = values.dtype == torch.float64
     if plan.block_n:
         # tokens_per_program > 0: the grid follows from it, so a forced value cannot leave tokens out
@@ -225,7 +225,7 @@ def _backward(
         rows_in = dict(g_ptr=grad_out, glse_ptr=glse, v_ptr=values, q_ptr=query, w_ptr=weight, dv_ptr=dv,
                        partial_ptr=partial)
         walk = dict(N=n, T=tokens, D=dim, S1=s1, S2=s2, ST0=st0, ST1=st1, ST2=st2, STRIDE_N=values.stride(0),
-                    DV_STEP=tokens * dim, eps=eps)
+                    DV_STEP=tokens * dim, **float_args(eps=eps))
         if plan.block_n:
             launch(attn_res_bwd_depth_tile_kernel, (plan.grid,), dict(rows_in, **walk),
                    dict(flags, BLOCK_N=plan.block_n, **stash_flags))

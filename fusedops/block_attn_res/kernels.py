@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from fusedops.attn_res.kernels import _finite_or_zero, _token_rows
-from fusedops.tl_masks import mask_if
+from fusedops.tl_helpers import float_arg, mask_if
 
 
 @triton.jit
@@ -65,7 +65,7 @@ def _multi_softmax(sq, dot, n_mask, D, eps):
 @triton.jit
 def attn_res_multi_fwd_kernel(
     v_ptr, q_ptr, out_ptr, lse_ptr,
-    N, M, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, QS, OUT_STEP, D_CHUNK, eps,
+    N, M, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, QS, OUT_STEP, D_CHUNK, eps, eps_lo,
     SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, F64: tl.constexpr,
 ):
     """out[l, t] = sum_i softmax_i(rstd_i <q_l, v_i[t]>) v_i[t] and lse[l, t] for every query l at once.
@@ -76,7 +76,7 @@ def attn_res_multi_fwd_kernel(
     spreads one token over several programs (decode), each re-deriving the logits: no cross-program sync.
     out is [M, T, D] contiguous (OUT_STEP = T * D), lse [M, T]."""
     ACC = tl.float64 if F64 else tl.float32
-    eps = tl.cast(eps, ACC)  # Inductor passes Python floats as fp64
+    eps = float_arg(eps, eps_lo, F64)
     pid = tl.program_id(0)
     split = pid % SPLITS
     programs = tl.num_programs(0) // SPLITS
@@ -150,7 +150,7 @@ def _logit_tile(v_ptr, q_ptr, rows, r_mask, m, m_mask, D, QS, eps, BLOCK_R: tl.c
 @triton.jit
 def attn_res_multi_fwd_dot_kernel(
     v_ptr, q_ptr, out_ptr, lse_ptr,
-    N, M, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, QS, OUT_STEP, D_CHUNK, eps,
+    N, M, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, QS, OUT_STEP, D_CHUNK, eps, eps_lo,
     SPLITS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr, BF16: tl.constexpr,
 ):
@@ -165,7 +165,7 @@ def attn_res_multi_fwd_dot_kernel(
     two bfloat16 terms each (_split_dot: ~16 bits, a logit's error ~2^-17 of sum_d |q_d x_d|, far below the
     bfloat16 output's rounding; a third term costs 23% at N=8, M=24, D=7168 on the H200), else by tf32x3
     (float16 and float32 rows, ~22 bits). Sums are float32."""
-    eps = tl.cast(eps, tl.float32)  # Inductor passes Python floats as fp64
+    eps = float_arg(eps, eps_lo, False)
     pid = tl.program_id(0)
     split = pid % SPLITS
     programs = tl.num_programs(0) // SPLITS
@@ -215,7 +215,7 @@ def attn_res_multi_fwd_dot_kernel(
 @triton.jit
 def attn_res_multi_logits_kernel(
     v_ptr, q_ptr, logits_ptr,
-    N, M, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, QS, eps,
+    N, M, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, QS, eps, eps_lo,
     BLOCK_R: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BF16: tl.constexpr, DIM: tl.constexpr = 0,
 ):
     """The two-pass forward's first pass over the rows: the logits s_{l,i}[t] = rstd(v_i[t]) <q_l, v_i[t]> into
@@ -225,7 +225,7 @@ def attn_res_multi_logits_kernel(
     constant."""
     if DIM > 0:
         D = DIM
-    eps = tl.cast(eps, tl.float32)  # Inductor passes Python floats as fp64
+    eps = float_arg(eps, eps_lo, False)
     r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     t_r = r // N
     i_r = r % N
@@ -306,7 +306,7 @@ def attn_res_multi_out_kernel(
 @triton.jit
 def attn_res_multi_bwd_kernel(
     g_ptr, glse_ptr, v_ptr, q_ptr, dv_ptr, partial_ptr,
-    N, M, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, QS, OUT_STEP, DV_STEP, eps,
+    N, M, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, QS, OUT_STEP, DV_STEP, eps, eps_lo,
     HAS_G: tl.constexpr, HAS_DLSE: tl.constexpr, NEED_DV: tl.constexpr, NEED_DQ: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, F64: tl.constexpr,
 ):
@@ -318,7 +318,7 @@ def attn_res_multi_bwd_kernel(
     coef = ds rstd, k = s rstd / D, and adds coef_{l,i} v_i into this program's [M, D] row of
     `partial_ptr` ([grid, M, D] ACC, zeros on entry; read-modified-written by its owner only)."""
     ACC = tl.float64 if F64 else tl.float32
-    eps = tl.cast(eps, ACC)  # Inductor passes Python floats as fp64
+    eps = float_arg(eps, eps_lo, F64)
     pid = tl.program_id(0)
     m = tl.arange(0, BLOCK_M)
     m_mask = m < M
@@ -388,7 +388,7 @@ def _dot_rows(a, x, acc, BF16: tl.constexpr):
 @triton.jit
 def attn_res_multi_bwd_stats_kernel(
     v_ptr, q_ptr, g_ptr, glse_ptr, alpha_ptr, coef_ptr, ck_ptr,
-    N, M, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, QS, OUT_STEP, eps,
+    N, M, T, D, S1, S2, ST0, ST1, ST2, STRIDE_N, QS, OUT_STEP, eps, eps_lo,
     HAS_G: tl.constexpr, HAS_DLSE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BF16: tl.constexpr, HALF: tl.constexpr,
 ):
@@ -399,7 +399,7 @@ def attn_res_multi_bwd_stats_kernel(
     ck_i = sum_l coef_{l,i} s_{l,i} rstd_i / D, written to alpha_ptr and coef_ptr ([T, M, N] float32) and ck_ptr
     ([T, N]). The rows enter the dots exactly; the queries are split (BF16: bfloat16 rows, _split_dot) or tf32x3.
     HALF: 16-bit rows and grad_out, whose products are exact on tensor cores."""
-    eps = tl.cast(eps, tl.float32)  # Inductor passes Python floats as fp64
+    eps = float_arg(eps, eps_lo, False)
     t0 = tl.program_id(0).to(tl.int64) * BLOCK_T
     r = tl.arange(0, BLOCK_T * BLOCK_N)
     i_r = r % BLOCK_N
@@ -691,7 +691,7 @@ def _merge_block(o_ptr, lse_ptr, p_ptr, a1_ptr, a2_ptr, q_ptr, gain_ptr, y_ptr, 
 @triton.jit
 def attn_res_merge_fwd_kernel(
     o_ptr, lse_ptr, p_ptr, a1_ptr, a2_ptr, q_ptr, gain_ptr, y_ptr, pn_ptr,
-    T, D, O_ST, P_ST, A1_ST, A2_ST, PN_ST, eps, norm_eps,
+    T, D, O_ST, P_ST, A1_ST, A2_ST, PN_ST, eps, eps_lo, norm_eps, norm_eps_lo,
     NUM_ADD: tl.constexpr, STORE_P: tl.constexpr, HAS_GAIN: tl.constexpr, BLOCK_T: tl.constexpr,
     BLOCK_D: tl.constexpr, F64: tl.constexpr, WHOLE_ROW: tl.constexpr = False, DIM: tl.constexpr = 0,
     BLOCKS: tl.constexpr = 0,
@@ -708,8 +708,8 @@ def attn_res_merge_fwd_kernel(
     if DIM > 0:
         D = DIM
     ACC = tl.float64 if F64 else tl.float32
-    eps = tl.cast(eps, ACC)
-    norm_eps = tl.cast(norm_eps, ACC)
+    eps = float_arg(eps, eps_lo, F64)
+    norm_eps = float_arg(norm_eps, norm_eps_lo, F64)
     pid = tl.program_id(0)
     if BLOCKS > 0:
         for i in tl.static_range(BLOCKS):
@@ -728,7 +728,7 @@ def attn_res_merge_fwd_kernel(
 @triton.jit
 def attn_res_merge_bwd_kernel(
     gy_ptr, gp_ptr, o_ptr, lse_ptr, p_ptr, q_ptr, gain_ptr, do_ptr, dlse_ptr, dp_ptr, dq_part_ptr, dg_part_ptr,
-    T, D, O_ST, P_ST, eps, norm_eps,
+    T, D, O_ST, P_ST, eps, eps_lo, norm_eps, norm_eps_lo,
     HAS_GP: tl.constexpr, HAS_GAIN: tl.constexpr, NEED_DO: tl.constexpr, NEED_DP: tl.constexpr,
     NEED_DQ: tl.constexpr, NEED_DG: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, F64: tl.constexpr,
 ):
@@ -739,8 +739,8 @@ def attn_res_merge_bwd_kernel(
     and this program's rows of the query and gain gradients' partial sums (dq_part, dg_part: [grid, D] ACC,
     zeros on entry): ds rstd(P) P and gy h r summed over its tokens. do, dlse and dP are contiguous."""
     ACC = tl.float64 if F64 else tl.float32
-    eps = tl.cast(eps, ACC)
-    norm_eps = tl.cast(norm_eps, ACC)
+    eps = float_arg(eps, eps_lo, F64)
+    norm_eps = float_arg(norm_eps, norm_eps_lo, F64)
     pid = tl.program_id(0)
     for block in range(pid, tl.cdiv(T, BLOCK_T), tl.num_programs(0)):
         t = block * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)

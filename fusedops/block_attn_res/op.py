@@ -10,7 +10,7 @@ from torch import Tensor
 
 from fusedops.launch import launch
 from fusedops.layout import collapse_dims, sources_walk, unit_last_stride, walkable_sources
-from fusedops.numerics import accumulate_dtype
+from fusedops.numerics import accumulate_dtype, float_args
 from fusedops.registry import fused_op
 from fusedops.targets import Target, target_for
 from fusedops.validation import (
@@ -79,7 +79,7 @@ def _multi_forward(values: Tensor, queries: Tensor, eps: float, target: Target) 
         launch(attn_res_multi_fwd_dot_kernel, (plan.grid,),
                dict(v_ptr=values, q_ptr=queries, out_ptr=out, lse_ptr=lse, N=n, M=m, T=tokens, D=dim, S1=s1,
                     S2=s2, ST0=st0, ST1=st1, ST2=st2, STRIDE_N=values.stride(0), QS=queries.stride(0),
-                    OUT_STEP=tokens * dim, D_CHUNK=plan.d_chunk, eps=eps),
+                    OUT_STEP=tokens * dim, D_CHUNK=plan.d_chunk, **float_args(eps=eps)),
                dict(SPLITS=plan.splits, BLOCK_T=plan.block_t, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
                     BLOCK_D=plan.block_d, BLOCK_D2=plan.block_d2,
                     # the interpreter's bfloat16 tl.dot is wrong: there bfloat16 takes the tf32x3 path
@@ -89,7 +89,7 @@ def _multi_forward(values: Tensor, queries: Tensor, eps: float, target: Target) 
     launch(attn_res_multi_fwd_kernel, (plan.grid,),
            dict(v_ptr=values, q_ptr=queries, out_ptr=out, lse_ptr=lse, N=n, M=m, T=tokens, D=dim, S1=s1, S2=s2,
                 ST0=st0, ST1=st1, ST2=st2, STRIDE_N=values.stride(0), QS=queries.stride(0), OUT_STEP=tokens * dim,
-                D_CHUNK=plan.d_chunk, eps=eps),
+                D_CHUNK=plan.d_chunk, **float_args(eps=eps)),
            dict(SPLITS=plan.splits, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d,
                 F64=values.dtype == torch.float64, num_warps=plan.num_warps))
     return out, lse
@@ -116,7 +116,7 @@ def _two_pass_forward(values, queries, out, lse, eps, plan: MultiPlan, target: T
 def _multi_logits(values, queries, logits, eps, plan: MultiPlan, target: Target, walk: dict) -> None:
     """The two-pass forward's first pass over the rows: logits [T, M, N] float32."""
     launch(attn_res_multi_logits_kernel, (-(-walk["T"] * walk["N"] // plan.block_t),),
-           dict(v_ptr=values, q_ptr=queries, logits_ptr=logits, QS=queries.stride(0), eps=eps,
+           dict(v_ptr=values, q_ptr=queries, logits_ptr=logits, QS=queries.stride(0), **float_args(eps=eps),
                 **{k: v for k, v in walk.items() if k != "DIM"}),
            dict(BLOCK_R=plan.block_t, BLOCK_M=plan.block_m, BLOCK_D=plan.block_d,
                 # the interpreter's bfloat16 tl.dot is wrong: there bfloat16 takes the tf32x3 path
@@ -173,7 +173,7 @@ def _multi_backward(grad_out: Optional[Tensor], grad_lse: Optional[Tensor], valu
     partial = values.new_zeros((plan.grid, m, dim) if need_queries else (1,), dtype=acc)
     launch(attn_res_multi_bwd_kernel, (plan.grid,),
            dict(g_ptr=g, glse_ptr=glse, v_ptr=values, q_ptr=queries, dv_ptr=grad_values if need_values else values,
-                partial_ptr=partial, **walk, DV_STEP=tokens * dim, eps=eps),
+                partial_ptr=partial, **walk, DV_STEP=tokens * dim, **float_args(eps=eps)),
            dict(flags, HAS_DLSE=grad_lse is not None, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d,
                 F64=acc == torch.float64, num_warps=plan.num_warps))
     if need_queries:
@@ -194,7 +194,7 @@ def _multi_backward_dot(g, glse, values, queries, grad_values, grad_queries, has
     precision = dict(BF16=exact_bf16)
     launch(attn_res_multi_bwd_stats_kernel, (-(-tokens // plan.block_t),),
            dict(v_ptr=values, q_ptr=queries, g_ptr=g, glse_ptr=glse, alpha_ptr=alpha, coef_ptr=coef, ck_ptr=ck,
-                **walk, eps=eps),
+                **walk, **float_args(eps=eps)),
            dict(HAS_G=flags["HAS_G"], HAS_DLSE=has_dlse, BLOCK_T=plan.block_t, BLOCK_M=plan.block_m,
                 BLOCK_N=plan.block_n, BLOCK_D=plan.block_d, HALF=exact_bf16 or values.dtype == torch.float16,
                 num_warps=plan.num_warps, **precision))
@@ -388,8 +388,8 @@ def _merge_forward(out, lse, partial, query, addend, addend2, gain, eps, norm_ep
     launch(attn_res_merge_fwd_kernel, (-(-tokens // per_program) if per_program else plan.grid,),
            dict(o_ptr=o, lse_ptr=lse, p_ptr=p, a1_ptr=p if a1 is None else a1, a2_ptr=p if a2 is None else a2,
                 q_ptr=query, gain_ptr=query if gain is None else gain, y_ptr=y, pn_ptr=pn if store else y,
-                T=tokens, D=dim, O_ST=o_st, P_ST=p_st, A1_ST=a1_st, A2_ST=a2_st, PN_ST=pn_st, eps=eps,
-                norm_eps=norm_eps),
+                T=tokens, D=dim, O_ST=o_st, P_ST=p_st, A1_ST=a1_st, A2_ST=a2_st, PN_ST=pn_st,
+                **float_args(eps=eps, norm_eps=norm_eps)),
            dict(NUM_ADD=num_add, STORE_P=store, HAS_GAIN=gain is not None, BLOCK_T=plan.block_t, BLOCK_D=plan.block_d,
                 F64=out.dtype == torch.float64, WHOLE_ROW=plan.whole_row, BLOCKS=plan.blocks_per_program,
                 DIM=dim if plan.constant_dim and isinstance(dim, int) else 0, num_warps=plan.num_warps))
@@ -424,7 +424,7 @@ def _merge_backward(grad_h, grad_partial, out, lse, partial, query, gain, eps, n
            dict(gy_ptr=grad_h, gp_ptr=gp, o_ptr=o, lse_ptr=lse, p_ptr=p, q_ptr=query,
                 gain_ptr=query if gain is None else gain, do_ptr=d_out if need_out else grad_h, dlse_ptr=d_lse,
                 dp_ptr=d_partial if need_partial else grad_h, dq_part_ptr=dq_part, dg_part_ptr=dg_part,
-                T=tokens, D=dim, O_ST=o_st, P_ST=p_st, eps=eps, norm_eps=norm_eps),
+                T=tokens, D=dim, O_ST=o_st, P_ST=p_st, **float_args(eps=eps, norm_eps=norm_eps)),
            dict(HAS_GP=grad_partial is not None, HAS_GAIN=gain is not None, NEED_DO=need_out, NEED_DP=need_partial,
                 NEED_DQ=need_query, NEED_DG=need_gain, BLOCK_T=plan.block_t, BLOCK_D=plan.block_d,
                 F64=acc == torch.float64, num_warps=plan.num_warps))

@@ -23,7 +23,7 @@ out; CPU tensors are checked on the host instead, where that costs no synchronis
 import triton
 import triton.language as tl
 
-from fusedops.tl_masks import mask_if
+from fusedops.tl_helpers import mask_if
 
 
 @triton.jit(debug=True)

@@ -34,7 +34,7 @@ reference. F64: float64 inputs, with float64 dots, accumulators and softmax stat
 import triton
 import triton.language as tl
 
-from fusedops.tl_masks import mask_if
+from fusedops.tl_helpers import float_arg, mask_if
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -466,7 +466,7 @@ def na_fwd_kernel(
     svb, svh, sv0, sv1, sv2,
     H, G, D, DV,
     L0, L1, L2, QO0, QO1, QO2, QL0, QL1, QL2, K0, K1, K2, DL0, DL1, DL2, ST0, ST1, ST2, C0, C1, C2,
-    NB0, NB1, NB2, num_tiles, qk_scale,
+    NB0, NB1, NB2, num_tiles, qk_scale, qk_scale_lo,
     TRUNCATED: tl.constexpr, NDIM: tl.constexpr, ONE_COMPARE: tl.constexpr,
     BM0: tl.constexpr, BM1: tl.constexpr, BM2: tl.constexpr,
     BN0: tl.constexpr, BN1: tl.constexpr, BN2: tl.constexpr,
@@ -475,7 +475,7 @@ def na_fwd_kernel(
 ):
     """out and lse per query tile: an online softmax over the key boxes that cover the tile's windows."""
     ACC = tl.float64 if F64 else tl.float32
-    qk_scale = tl.cast(qk_scale, ACC)  # Inductor passes Python floats as fp64
+    qk_scale = float_arg(qk_scale, qk_scale_lo, F64)
     pid = tl.program_id(0)
     T0 = DL0 * NB0
     T1 = DL1 * NB1
@@ -574,7 +574,7 @@ def na_bwd_dq_kernel(
     sdb, sdh, sd0, sd1, sd2,
     H, G, D, DV,
     L0, L1, L2, QO0, QO1, QO2, QL0, QL1, QL2, K0, K1, K2, DL0, DL1, DL2, ST0, ST1, ST2, C0, C1, C2,
-    NB0, NB1, NB2, num_tiles, qk_scale, scale,
+    NB0, NB1, NB2, num_tiles, qk_scale, qk_scale_lo, scale, scale_lo,
     TRUNCATED: tl.constexpr, NDIM: tl.constexpr, ONE_COMPARE: tl.constexpr,
     BM0: tl.constexpr, BM1: tl.constexpr, BM2: tl.constexpr,
     BN0: tl.constexpr, BN1: tl.constexpr, BN2: tl.constexpr,
@@ -585,8 +585,8 @@ def na_bwd_dq_kernel(
     delta_i = rowsum(dO_i * O_i) - dLSE_i (fp32) is computed here from the tile's own rows and stored
     for the dK/dV kernel, which runs after this one: query tiles cover every row exactly once."""
     ACC = tl.float64 if F64 else tl.float32
-    qk_scale = tl.cast(qk_scale, ACC)  # Inductor passes Python floats as fp64
-    scale = tl.cast(scale, ACC)
+    qk_scale = float_arg(qk_scale, qk_scale_lo, F64)
+    scale = float_arg(scale, scale_lo, F64)
     pid = tl.program_id(0)
     T0 = DL0 * NB0
     T1 = DL1 * NB1
@@ -689,7 +689,7 @@ def na_bwd_dkdv_kernel(
     sdb, sdh, sd0, sd1, sd2,
     H, HKV, G, D, DV,
     L0, L1, L2, QO0, QO1, QO2, QL0, QL1, QL2, K0, K1, K2, DL0, DL1, DL2, ST0, ST1, ST2, C0, C1, C2,
-    NN0, NN1, NN2, num_tiles, qk_scale, scale,
+    NN0, NN1, NN2, num_tiles, qk_scale, qk_scale_lo, scale, scale_lo,
     TRUNCATED: tl.constexpr, NDIM: tl.constexpr, ONE_COMPARE: tl.constexpr,
     BM0: tl.constexpr, BM1: tl.constexpr, BM2: tl.constexpr,
     BN0: tl.constexpr, BN1: tl.constexpr, BN2: tl.constexpr,
@@ -702,8 +702,8 @@ def na_bwd_dkdv_kernel(
     see the tile, in a fixed order (bitwise deterministic). DK_BY_KEYS accumulates dK as [keys, D] (dS^T q)
     instead of [D, keys] (q^T dS): the same sums, another register layout (see Plan.dk_by_keys)."""
     ACC = tl.float64 if F64 else tl.float32
-    qk_scale = tl.cast(qk_scale, ACC)  # Inductor passes Python floats as fp64
-    scale = tl.cast(scale, ACC)
+    qk_scale = float_arg(qk_scale, qk_scale_lo, F64)
+    scale = float_arg(scale, scale_lo, F64)
     pid = tl.program_id(0)
     T0 = DL0 * NN0
     T1 = DL1 * NN1
@@ -863,7 +863,7 @@ def na_bwd_dkdv_kernel(
 def na_bwd_fused_1d_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, o_ptr, lse_ptr, dlse_ptr, dq_ptr, dk_ptr, dv_ptr,
     sqb, sqh, sq, skb, skh, sk, svb, svh, sv, sdb, sdh, sd,
-    H, HKV, G, D, DV, L, K, DL, ST, CAUSAL, HALO, OWN, NB, num_tiles, qk_scale, scale,
+    H, HKV, G, D, DV, L, K, DL, ST, CAUSAL, HALO, OWN, NB, num_tiles, qk_scale, qk_scale_lo, scale, scale_lo,
     TRUNCATED: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, HAS_DLSE: tl.constexpr, F64: tl.constexpr,
 ):
@@ -875,8 +875,8 @@ def na_bwd_fused_1d_kernel(
     order). delta = rowsum(dO * O) - dLSE is recomputed per row; nothing goes through memory twice
     except the halo rows. Deterministic: every output row is written once by its owner."""
     ACC = tl.float64 if F64 else tl.float32
-    qk_scale = tl.cast(qk_scale, ACC)  # Inductor passes Python floats as fp64
-    scale = tl.cast(scale, ACC)
+    qk_scale = float_arg(qk_scale, qk_scale_lo, F64)
+    scale = float_arg(scale, scale_lo, F64)
     pid = tl.program_id(0)
     dq_off = tl.arange(0, BLOCK_D)
     dv_off = tl.arange(0, BLOCK_DV)

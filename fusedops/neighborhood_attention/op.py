@@ -11,7 +11,7 @@ from torch import Tensor
 from fusedops.launch import launch
 from fusedops.plans import forced_key, on_reload
 from fusedops.layout import unit_last_stride
-from fusedops.numerics import accumulate_dtype, tf32_allowed
+from fusedops.numerics import accumulate_dtype, float_args, tf32_allowed
 from fusedops.registry import fused_op, memoize
 from fusedops.targets import Target, size_hint, target_for
 from fusedops.validation import (
@@ -259,7 +259,7 @@ def _forward_spec(q_shape, q_stride, k_shape, k_stride, v_shape, v_stride, dtype
     args = dict(**_strides("q", q_stride), **_strides("k", k_stride), **_strides("v", v_stride),
                 H=geo.heads, G=geo.heads // geo.kv_heads, D=geo.head_dim, DV=geo.head_dim_v,
                 **geo.axis_args(), **_named("NB", geo.blocks(plan.bm, queries=True)), num_tiles=tiles,
-                qk_scale=scale * LOG2E)
+                **_scales(scale, backward=False))
     meta = dict(_meta(plan, window, geo), **_register_cap(plan.fwd_registers))
     return plan_grid(target, tiles), args, meta
 
@@ -297,14 +297,14 @@ def _backward_spec(q_shape, q_stride, k_shape, k_stride, v_shape, v_stride, go_s
     dq = (plan_grid(target, q_tiles),
           dict(strides, H=geo.heads, G=geo.heads // geo.kv_heads, D=geo.head_dim, DV=geo.head_dim_v,
                **geo.axis_args(), **_named("NB", geo.blocks(plan.bm, queries=True)), num_tiles=q_tiles,
-               qk_scale=scale * LOG2E, scale=scale),
+               **_scales(scale)),
           dict(meta, HAS_DLSE=has_dlse, **_register_cap(plan.dq_registers)))
     dk_plan = plan.dkdv or plan
     k_tiles = geo.tiles(dk_plan.bn, geo.kv_heads, queries=False)
     dkdv = (plan_grid(target, k_tiles),
             dict(strides, H=geo.heads, HKV=geo.kv_heads, G=geo.heads // geo.kv_heads, D=geo.head_dim,
                  DV=geo.head_dim_v, **geo.axis_args(), **_named("NN", geo.blocks(dk_plan.bn, queries=False)), num_tiles=k_tiles,
-                 qk_scale=scale * LOG2E, scale=scale),
+                 **_scales(scale)),
             dict(_meta(dk_plan, window, geo), DK_BY_KEYS=dk_plan.dk_by_keys, WALK_TESTS=dk_plan.walk_tests,
                  **_register_cap(dk_plan.dkdv_registers)))
     return dq, dkdv
@@ -312,6 +312,14 @@ def _backward_spec(q_shape, q_stride, k_shape, k_stride, v_shape, v_stride, go_s
 
 on_reload(_forward_spec.cache_clear)
 on_reload(_backward_spec.cache_clear)
+
+
+def _scales(scale, backward: bool = True) -> dict:
+    """The kernels' softmax scale arguments: qk_scale = scale * log2(e) (the forward's only one) and scale, each
+    as float_args' hi and lo."""
+    if not backward:
+        return float_args(qk_scale=scale * LOG2E)
+    return float_args(qk_scale=scale * LOG2E, scale=scale)
 
 
 def _register_cap(registers: int | None) -> dict:
@@ -331,7 +339,7 @@ def _fused_spec(geo, plan, q_stride, k_stride, v_stride, go_stride, scale, windo
     args = dict(strides, H=geo.heads, HKV=geo.kv_heads, G=geo.heads // geo.kv_heads, D=geo.head_dim,
                 DV=geo.head_dim_v, L=geo.spatial[2], K=geo.kernel[2], DL=geo.dilation[2], ST=geo.stride[2],
                 CAUSAL=geo.causal[2], HALO=geo.halo, OWN=own, NB=geo.blocks(box, queries=False)[2], num_tiles=tiles,
-                qk_scale=scale * LOG2E, scale=scale)
+                **_scales(scale))
     meta = dict(TRUNCATED=window == "truncated", BLOCK=block, HAS_DLSE=has_dlse, **_launch_meta(plan))
     return plan_grid(target, tiles), args, meta
 

@@ -5,6 +5,17 @@ import triton.language as tl
 
 
 @triton.jit
+def float_arg(hi, lo, F64: tl.constexpr):
+    """A float scalar argument as fusedops.numerics.float_args splits it, in the kernel's accumulator type: hi + lo
+    in float64, hi in float32."""
+    if F64:
+        x = tl.cast(hi, tl.float64) + tl.cast(lo, tl.float64)
+    else:
+        x = tl.cast(hi, tl.float32)
+    return x
+
+
+@triton.jit
 def mask_if(cond, mask):
     """`mask` where the scalar `cond` holds, else all False: `mask & cond`, spelt so that every interpreter
     keeps it boolean. Triton 3.9's computes `block & scalar` as integers (a load then fails with "mask has
