@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import re
 from unittest import mock
 
 import pytest
@@ -867,6 +868,29 @@ def test_cuda_forward_takes_the_depth_tile_where_measured_faster(n, dim, depth_t
         tile = plan.block_n * plan.block_d
         assert plan.block_n >= n and plan.block_d >= dim and plan.num_warps == max(4, tile // (32 * 128))
         assert (plan.grid == 8192) == (tile <= 4096)
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+@pytest.mark.parametrize(("kernel", "fields", "gap"), [
+    ("forward", dict(variant="online", block_d=8), "features past block_d = 8 of D = 24"),
+    ("forward", dict(variant="depth_tile", block_d=16), "features past block_d = 16 of D = 24"),
+    ("backward", dict(variant="one_pass", block_d=8), "features past block_d = 8 of D = 24"),
+    ("backward", dict(variant="depth_tile", block_n=2), "sources past block_n = 2 of N = 3"),
+])
+def test_forced_plan_that_leaves_rows_out_is_refused(path, kernel, fields, gap):
+    """plan_override fields are taken as given, except where the tiles would leave part of a row or some sources
+    out: the kernels mask what their tiles do not cover, so those outputs were uninitialised memory (an online
+    forward with block_d = 8 < D gave errors of 5e31). A plan that covers everything still runs."""
+    values, query = torch.randn(3, 5, 24).requires_grad_(), torch.randn(24)
+    with execution_path(path):
+        with fusedops.plan_override("attn_res", kernel, **fields), pytest.raises(ValueError, match=re.escape(gap)):
+            fusedops.attn_res(values, query).sum().backward()
+        covered = dict(fields, **{k: 32 if k == "block_d" else 4 for k in fields if k != "variant"})
+        with fusedops.plan_override("attn_res", kernel, **covered):
+            out = fusedops.attn_res(values, query)
+            out.sum().backward()
+    with execution_path("reference"):
+        torch.testing.assert_close(out, fusedops.attn_res(values, query), rtol=1e-5, atol=1e-5)
 
 
 # D: (rows a group, tokens a program (0: 4 programs per SM), the next group's rows loaded ahead)

@@ -54,9 +54,11 @@ def check_args(values: Tensor, query: Tensor, norm_weight: Optional[Tensor], eps
     check_fp32_normal("eps", eps)
 
 
-def _forced_plan(kernel: str, choose) -> Plan:
+def _forced_plan(kernel: str, choose, sources: int, dim: int) -> Plan:
     """choose(variant) under what fusedops.plan_override forces on attn_res's `kernel` ("forward",
-    "backward"): the variant it names, then its Plan fields on top (taken as given)."""
+    "backward"): the variant it names, then its Plan fields on top, taken as given except where they would
+    leave sources or features out (ValueError: the kernels mask what their tiles do not cover, so it would be
+    a wrong answer, not an error)."""
     fields = forced(OP, kernel)
     if not fields:
         return choose(None)
@@ -69,7 +71,22 @@ def _forced_plan(kernel: str, choose) -> Plan:
                     num_warps=fields["num_warps"], block_n=fields["block_n"])
     if plan is None:
         raise ValueError(f"plan_override: attn_res {kernel} variant {variant!r} does not fit this shape on chip")
-    return replace(plan, **fields) if fields else plan
+    plan = replace(plan, **fields) if fields else plan
+    gaps = _gaps(plan, kernel, sources, dim) if isinstance(sources, int) and isinstance(dim, int) else []
+    if gaps:
+        raise ValueError(f"plan_override: attn_res {kernel} plan {plan} leaves out {' and '.join(gaps)}")
+    return plan
+
+
+def _gaps(plan: Plan, kernel: str, sources: int, dim: int) -> list[str]:
+    """What a plan's tiles leave out: a whole-row tile (depth tile, one tile, one pass) narrower than D; the
+    backward's depth tile, which holds all N rows at once, shorter than N (the forward's steps through groups)."""
+    gaps = []
+    if (plan.block_n or plan.one_tile) and plan.block_d < dim:
+        gaps.append(f"features past block_d = {plan.block_d} of D = {dim}")
+    if kernel == "backward" and plan.block_n and plan.block_n < sources:
+        gaps.append(f"sources past block_n = {plan.block_n} of N = {sources}")
+    return gaps
 
 
 def forward_plan(target: Target, tokens: int, sources: int, dim: int, elem_size: int) -> Plan:
@@ -87,7 +104,7 @@ def forward_plan(target: Target, tokens: int, sources: int, dim: int, elem_size:
                              f"got {variant!r}")
         return make_plan(target, tokens, dim, elem_size, backward=False)
 
-    return _forced_plan("forward", choose)
+    return _forced_plan("forward", choose, sources, dim)
 
 
 def _forward(
@@ -162,7 +179,7 @@ def backward_plan(target: Target, tokens: int, sources: int, dim: int, elem_size
                 return plan
         return two_phase_plan(target, tokens, sources, dim, elem_size)
 
-    return _forced_plan("backward", choose)
+    return _forced_plan("backward", choose, sources, dim)
 
 
 def _reduce_plan(target: Target, dim: int, programs: int, stash: int, acc_bytes: int) -> tuple[int, int, int, int]:
