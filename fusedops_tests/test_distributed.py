@@ -171,6 +171,17 @@ def _embedding_case(rank, mesh):
             _check(f"out ({case})", dout, out.detach())
             dout.backward(_grad_like(dout, grad_out, mesh))
             _check(f"grad weight ({case})", dw.grad, w.grad)
+    # vocabulary parallel: an index outside [0, V) is masked to a zero row before any rank's op sees it, unless
+    # checked first (it was returned as a zero row). Each rank checks its own indices (CPU: an IndexError; on a GPU
+    # a device-side assert, which would end the process); here every rank's shard holds the bad index, so that
+    # every rank raises (one raising alone leaves the others waiting in DTensor's next collective)
+    dw = distribute_tensor(weight, mesh, [Shard(0)])
+    for bad in (12, -1) if mesh.device_type == "cpu" else ():
+        wrong = indices.clone()
+        wrong[:, -1] = bad
+        for index_pl in (Replicate(), Shard(0)):
+            with pytest.raises(IndexError, match=f"indices holds {bad}"):
+                fusedops.embedding(distribute_tensor(wrong, mesh, [index_pl]), dw)
 
 
 def _grad_like(out, grad, mesh):
@@ -359,6 +370,11 @@ def _cp_case(rank, mesh):
         torch.autograd.backward((got, got_lse), pieces[3:5])
         for name, leaf, full in (("dq", sq, lq), ("dk", sk, lk), ("dv", sv, lv)):
             _check(f"{name} ({case})", leaf.grad, full.grad.split(lengths, dim)[rank], atol=1e-4)
+        if uneven and mesh.device_type == "cpu":
+            # uneven slabs without lengths (each rank assumes all are its own length): every rank refuses, where
+            # the mismatched halos gave a wrong result or a failed transfer (on a GPU: a device-side assert)
+            with pytest.raises(RuntimeError, match="slab lengths differ"):
+                fusedops.context_parallel_neighborhood_attention(sq, sk, sv, **kw, axis=axis, group=group)
 
 
 

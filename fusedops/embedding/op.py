@@ -379,6 +379,24 @@ def embedding(
         padding_idx = as_int("padding_idx", padding_idx)
     check_bounds_mode(check_bounds)
     check_args(weight, indices, padding_idx)
+    if type(weight) is not Tensor and type(weight) is not torch.nn.Parameter:
+        check_vocab_parallel_indices(indices, weight, check_bounds)
     if check_bounds == "host" and indices.device.type not in ("cpu", "meta") and not torch.compiler.is_compiling():
         raise_if_out_of_range(indices, weight.shape[0])
     return embedding_op(weight, indices, padding_idx, scale_grad_by_freq)
+
+
+def check_vocab_parallel_indices(indices, weight, check_bounds: str) -> None:
+    """A DTensor weight sharded on its rows (vocabulary parallel): DTensor hands each rank's op only the indices of
+    that rank's rows (the rule's _MaskPartial turns the others into a zero row), so an index outside [0, V) would
+    reach no rank's bounds check and come back as a zero row. Each rank checks its local indices here instead: an
+    IndexError naming the value on CPU or with check_bounds="host", else an assert on the device (no host sync)."""
+    if not any(p.is_shard(0) for p in getattr(weight, "placements", ())):
+        return
+    local = indices.to_local() if hasattr(indices, "to_local") else indices
+    num_weights = weight.shape[0]
+    if (local.device.type == "cpu" or check_bounds == "host") and not torch.compiler.is_compiling():
+        raise_if_out_of_range(local, num_weights)
+    elif local.numel():
+        torch._assert_async(((local >= 0) & (local < num_weights)).all(),
+                            f"fusedops.embedding: indices outside the weight's rows [0, {num_weights})")

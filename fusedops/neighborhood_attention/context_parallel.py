@@ -356,13 +356,15 @@ class _ContextParallel(torch.autograd.Function):
 def context_parallel_neighborhood_attention(
     q: Tensor, k: Tensor, v: Tensor, kernel_size, dilation=1, stride=1, is_causal=False,
     scale: Optional[float] = None, window: str = "shifted", *, axis: int = 0, group=None,
-    lengths: Optional[Sequence[int]] = None, return_lse: bool = False,
+    lengths: Optional[Sequence[int]] = None, return_lse: bool = False, _lengths_agreed: bool = False,
 ):
     """`fusedops.neighborhood_attention` on q, k, v sharded along spatial axis `axis` over `group` (default:
     the default process group), each rank holding its contiguous slab [B, H, *spatial_local, D] in rank
-    order. lengths: every rank's slab length on that axis (default: all equal to this rank's). Returns
-    this rank's rows of out (and lse), equal to the single-device op's on the whole axis; differentiable
-    in q, k, v. Every rank must call it (it exchanges halos point-to-point); no host synchronisation."""
+    order. lengths: every rank's slab length on that axis, the same on every rank (default: all equal to this
+    rank's; uneven slabs must pass them). Returns this rank's rows of out (and lse), equal to the single-device
+    op's on the whole axis; differentiable in q, k, v. Every rank must call it (it exchanges halos
+    point-to-point); no host synchronisation. Ranks whose lengths differ (uneven slabs without lengths) are
+    refused: RuntimeError on CPU, a device-side assert on a GPU (one all-gather of the lengths a call)."""
     ndim = q.dim() - 3
     if not 0 <= axis < ndim:
         raise ValueError(f"axis must name a spatial axis in [0, {ndim}), got {axis}")
@@ -377,12 +379,26 @@ def context_parallel_neighborhood_attention(
             raise ValueError(f"{name} must have q's rank and spatial shape {tuple(q.shape[2:-1])}, got shape "
                              f"{tuple(t.shape)}")
     ks, dil, st, causal = check_window_args(ndim, kernel_size, dilation, stride, is_causal, window)
+    if not _lengths_agreed:
+        _assert_lengths_agree(lengths, group, q.device)
     ranges = rank_ranges(lengths, axis, ks, dil, st, causal, window)
     parts = slab_parts(tuple(lengths), ks[axis], dil[axis], st[axis], bool(causal[axis]), window)[rank] if OVERLAP \
         else None
     out, lse = _ContextParallel.apply(q, k, v, 2 + axis, rank, ranges, parts, group,
                                       (ks, dil, st, causal, scale, window))
     return (out, lse) if return_lse else out
+
+
+def _assert_lengths_agree(lengths: list[int], group, device: torch.device) -> None:
+    """Every rank must hold the same lengths: they fix which rows each rank sends and receives, and ranks that
+    disagree exchange mismatched halos (a wrong result where the sizes happen to match). One all-gather of them,
+    compared on the device: no host sync (on CPU tensors the assert raises at once)."""
+    mine = torch.tensor(lengths, dtype=torch.int64, device=device)
+    every = [torch.empty_like(mine) for _ in lengths]
+    dist.all_gather(every, mine, group=group)
+    torch._assert_async(torch.stack(every).eq(mine).all(),
+                        f"context_parallel_neighborhood_attention: the ranks' slab lengths differ (this rank's: "
+                        f"{lengths}); uneven slabs must pass lengths, the same on every rank")
 
 
 def spatially_sharded(q) -> bool:
@@ -408,7 +424,8 @@ def dtensor_neighborhood_attention(q, k, v, kernel_size, dilation, stride, is_ca
     lengths = [Shard.local_shard_size_and_offset(n, world, r)[0] for r in range(world)]
     out, lse = context_parallel_neighborhood_attention(
         q.to_local(), k.to_local(), v.to_local(), kernel_size, dilation, stride, is_causal, scale, window,
-        axis=shard.dim - 2, group=mesh.get_group(mesh_dim), lengths=lengths, return_lse=True)
+        axis=shard.dim - 2, group=mesh.get_group(mesh_dim), lengths=lengths, return_lse=True,
+        _lengths_agreed=True)  # from the global shape: every rank's are the same
     out = DTensor.from_local(out, mesh, placements, run_check=False, **_global((*q.shape[:-1], v.shape[-1])))
     lse = DTensor.from_local(lse, mesh, placements, run_check=False, **_global(tuple(q.shape[:-1])))
     return (out, lse) if return_lse else out
