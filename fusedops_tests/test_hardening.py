@@ -883,7 +883,8 @@ F64_OPS = {  # op (results as a tuple) and its inputs; eps, norm_eps and scale n
                        lambda: (_f64(4, 16, seed=1), _f64(4, seed=2), 0.3 * _f64(4, 16, seed=3), _f64(16, seed=4),
                                 0.1 * _f64(4, 16, seed=5), _f64(16, seed=6, positive=True))),
     "na_1d_fused_backward": (lambda q, k, v: fusedops.neighborhood_attention(q, k, v, 5, scale=0.3, return_lse=True),
-                             lambda: (4 * _f64(1, 2, 16, 8, seed=1), _f64(1, 2, 16, 8, seed=2), _f64(1, 2, 16, 8, seed=3))),
+                             lambda: (4 * _f64(1, 2, 16, 8, seed=1), _f64(1, 2, 16, 8, seed=2),
+                                      _f64(1, 2, 16, 8, seed=3))),
     "na_2d": (lambda q, k, v: fusedops.neighborhood_attention(q, k, v, 3, scale=0.3, return_lse=True),
               lambda: (4 * _f64(1, 1, 6, 7, 8, seed=1), _f64(1, 1, 6, 7, 8, seed=2), _f64(1, 1, 6, 7, 8, seed=3))),
 }

@@ -120,7 +120,8 @@ def _forward(
     s1, s2, st0, st1, st2 = sources_walk(values)
     plan = forward_plan(target, tokens, n, dim, values.element_size())
     weight = query if norm_weight is None else norm_weight
-    walk = dict(N=n, T=tokens, D=dim, S1=s1, S2=s2, ST0=st0, ST1=st1, ST2=st2, STRIDE_N=values.stride(0), **float_args(eps=eps))
+    walk = dict(N=n, T=tokens, D=dim, S1=s1, S2=s2, ST0=st0, ST1=st1, ST2=st2, STRIDE_N=values.stride(0),
+                **float_args(eps=eps))
     f64 = values.dtype == torch.float64
     if plan.block_n:
         # tokens_per_program > 0: the grid follows from it, so a forced value cannot leave tokens out
