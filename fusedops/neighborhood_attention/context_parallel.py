@@ -391,12 +391,13 @@ def context_parallel_neighborhood_attention(
 
 def _assert_lengths_agree(lengths: list[int], group, device: torch.device) -> None:
     """Every rank must hold the same lengths: they fix which rows each rank sends and receives, and ranks that
-    disagree exchange mismatched halos (a wrong result where the sizes happen to match). One all-gather of them,
-    compared on the device: no host sync (on CPU tensors the assert raises at once)."""
-    mine = torch.tensor(lengths, dtype=torch.int64, device=device)
+    disagree exchange mismatched halos (a wrong result where the sizes happen to match). One all-gather of a hash
+    of them, compared on the device: no host sync (made by a fill, not copied from the host; on CPU tensors the
+    assert raises at once)."""
+    mine = torch.full((1,), hash(tuple(lengths)) & (2 ** 62 - 1), dtype=torch.int64, device=device)
     every = [torch.empty_like(mine) for _ in lengths]
     dist.all_gather(every, mine, group=group)
-    torch._assert_async(torch.stack(every).eq(mine).all(),
+    torch._assert_async(torch.cat(every).eq(mine).all(),
                         f"context_parallel_neighborhood_attention: the ranks' slab lengths differ (this rank's: "
                         f"{lengths}); uneven slabs must pass lengths, the same on every rank")
 
