@@ -890,19 +890,20 @@ F64_OPS = {  # op (results as a tuple) and its inputs; eps, norm_eps and scale n
 }
 
 
-@pytest.mark.parametrize("path, onchip_bytes", [pytest.param("cuda", b, id=f"cuda-plan-{b or 'planned'}",
-                                                             marks=pytest.mark.interpreter) for b in AR_BUDGETS])
-@pytest.mark.parametrize("op", sorted(F64_OPS))
-def test_float64_kernels_match_the_reference_to_float64_precision(op, path, onchip_bytes):
-    """The float64 kernels compute in float64, their float scalars (eps, norm_eps, the softmax scale) included:
-    results and gradients within 1e-12 of the reference's. Those scalars reached the kernels rounded to float32,
-    which put float64 results off by 1e-8 to 1e-7 (gradcheck passed: forward and backward used the same rounded
-    value). On the Ascend plan float64 runs the reference."""
+@pytest.mark.parametrize("op, onchip_bytes", [
+    pytest.param(op, b, id=f"{op}-{b or 'planned'}", marks=pytest.mark.interpreter)
+    for op in sorted(F64_OPS) for b in (AR_BUDGETS if op.startswith("attn_res") else [None])])
+def test_float64_kernels_match_the_reference_to_float64_precision(op, onchip_bytes):
+    """The float64 kernels (CUDA plan; attn_res's at three budgets: each of its kernels) compute in float64, their
+    float scalars (eps, norm_eps, the softmax scale) included: results and gradients within 1e-12 of the
+    reference's. Those scalars reached the kernels rounded to float32, which put float64 results off by 1e-8 to
+    1e-7 (gradcheck passed: forward and backward used the same rounded value). On the Ascend plan float64 runs
+    the reference."""
     fn, make = F64_OPS[op]
     inputs = make()
     with execution_path("reference"):
         want = _f64_results(fn, inputs)
-    with execution_path(path, onchip_bytes):
+    with execution_path("cuda", onchip_bytes):
         got = _f64_results(fn, inputs)
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, rtol=0, atol=1e-12)
