@@ -13,7 +13,8 @@
 # breakdown = fusedops.bench.breakdown (device time per kernel of a fwd+bwd step),
 # block = fusedops.bench.block_attn_res (PARTS, default all four), blocktune = fusedops.bench.tune_block_attn_res
 # (BLOCKTUNE, default "multi merge"), experiment = python -m bench.experiments.$EXP,
-# grid = fusedops.bench.attn_res_grid (issue 31's attn_res shape grid, GRID_S; JSON and heatmaps into $OUT),
+# grid = fusedops.bench.attn_res_grid (issue 31's attn_res shape grid, GRID_S, GRID_ARGS e.g. "--providers fusedops";
+# JSON and heatmaps into $OUT),
 # gridpar = the same grid over every GPU of the host: GRID_WARM processes a GPU (default 6) first run its part's
 # shapes once untimed (compiles), beside the GPU tests on GPU 0 when STEPS also names tests (run them there, not
 # after), then one timed part a GPU (GRID_S each; GRID_PARTS, GRID_FIRST: which parts), merged by --summarize;
@@ -83,7 +84,7 @@ for step in ${STEPS:-tests bench}; do
       echo "natune (exit $?):"; cat "$OUT/natune.txt" ;;
     grid)
       # --max-seconds a minute short of the timeout: the summary and the heatmaps of what was measured still come
-      timeout "${GRID_S:-420}" python3 -m fusedops.bench.attn_res_grid --device cuda --out "$OUT" \
+      timeout "${GRID_S:-420}" python3 -m fusedops.bench.attn_res_grid --device cuda --out "$OUT" ${GRID_ARGS:-} \
         --max-seconds $(( ${GRID_S:-420} - 60 )) > "$OUT/grid.txt" 2>&1
       echo "grid (exit $?):"
       if grep -q "^attn_res grid summary" "$OUT/grid.txt"; then sed -n '/^attn_res grid summary/,$p' "$OUT/grid.txt"
@@ -98,7 +99,7 @@ for step in ${STEPS:-tests bench}; do
         for j in $(seq 1 $per); do
           # FLA_CACHE_RESULTS=0: fla's autotuner picks its configs in the timed run, alone on its GPU (compiles stay cached)
           FLA_CACHE_RESULTS=0 CUDA_VISIBLE_DEVICES=$(( p - first )) timeout "${WARM_S:-300}" python3 -m fusedops.bench.attn_res_grid \
-            --device cuda --warm --part "$p/$nparts" --sub "$j/$per" > "$parts/warm-$p-$j.txt" 2>&1 &
+            --device cuda --warm --part "$p/$nparts" --sub "$j/$per" ${GRID_ARGS:-} > "$parts/warm-$p-$j.txt" 2>&1 &
         done
       done
       if [[ " ${STEPS} " == *" tests "* ]]; then
@@ -108,7 +109,7 @@ for step in ${STEPS:-tests bench}; do
         "$(cat $parts/warm-*.txt | grep -c ': ok$') shape-warm-ups ok, not ok: $(grep -h 'warm ' $parts/warm-*.txt | grep -v ': ok$' | tr '\n' ' ')"
       for p in $(seq $first $last); do
         CUDA_VISIBLE_DEVICES=$(( p - first )) timeout "${GRID_S:-420}" python3 -m fusedops.bench.attn_res_grid --device cuda \
-          --part "$p/$nparts" --out $parts --no-plots --max-seconds $(( ${GRID_S:-420} - 40 )) > "$parts/grid-$p.txt" 2>&1 &
+          --part "$p/$nparts" --out $parts --no-plots ${GRID_ARGS:-} --max-seconds $(( ${GRID_S:-420} - 40 )) > "$parts/grid-$p.txt" 2>&1 &
       done
       wait; echo "gridpar: timed parts done at $(( SECONDS - started )) s"
       python3 -m fusedops.bench.attn_res_grid --summarize $parts/attn_res_grid-cuda-*-part*.json --out "$OUT" \

@@ -343,6 +343,21 @@ def test_bank_is_read_in_place_and_lists_equal_stacked():
                         torch.testing.assert_close(g, r, rtol=1e-6, atol=1e-6)
 
 
+def test_list_read_in_place_is_saved_as_a_bank_view():
+    """A list of bank slots is read in place and saved as a view of the bank (README): writing another slot
+    before the backward is autograd's in-place error, as for torch ops that save a view; a stacked copy is not."""
+    bank = torch.randn(5, 4, 8)
+    query = torch.randn(8, requires_grad=True)
+    fusedops.attn_res([bank[:, i] for i in range(3)], query).sum().backward()  # nothing written: fine
+    out = fusedops.attn_res([bank[:, i] for i in range(3)], query)
+    bank[:, 3] = 1.0
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
+    out = fusedops.attn_res(torch.stack([bank[:, i] for i in range(3)]), query)
+    bank[:, 3] = 2.0
+    out.sum().backward()
+
+
 def test_list_view_needs_equal_spacing():
     from fusedops.block_attn_res.sources import stack_sources
 

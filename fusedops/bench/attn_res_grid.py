@@ -4,7 +4,7 @@ forward and forward+backward.
 
     python -m fusedops.bench.attn_res_grid [--quick] [--device cuda|npu|cpu] [--dtype bf16|fp16|fp32]
         [--shapes 60] [--sample 12] [--seed 0] [--max-input-gb 16] [--max-seconds S] [--sizes ...]
-        [--out DIR] [--no-plots]
+        [--providers fusedops fla liger] [--out DIR] [--no-plots]
 
 Shapes are (N, tokens, D), named "N,tokens,D" (tokens = batch x sequence; --sizes selects by that name, as the
 other benches do). First --shapes steps of a covering walk: step i is (N[i mod 12], tokens[i mod 11], D[i mod 13]),
@@ -107,10 +107,15 @@ def split(shapes, elem: int) -> str:
     return ", ".join(parts)
 
 
+PROVIDERS = ("fusedops",) + BASELINES
+_chosen = PROVIDERS  # --providers
+
+
 def providers() -> dict:
     import fusedops
 
-    return {"fusedops": lambda v, q, w: fusedops.attn_res(v, q, w), "fla": attn_res.fla, "liger": attn_res.liger}
+    every = {"fusedops": lambda v, q, w: fusedops.attn_res(v, q, w), "fla": attn_res.fla, "liger": attn_res.liger}
+    return {name: every[name] for name in _chosen}
 
 
 def judged_ms(r: dict, graphs: bool):
@@ -351,7 +356,11 @@ def main(argv=None) -> int:
                    help="time nothing: run each shape once (fills the compile caches for a later timed run)")
     p.add_argument("--out", default=os.path.join("bench", "results"), help="directory for the JSON and PNGs")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--providers", nargs="+", choices=PROVIDERS, default=list(PROVIDERS),
+                   help="what to time (default all; fusedops is always timed, the baselines' ratios need it)")
     args = p.parse_args(argv)
+    global _chosen
+    _chosen = tuple(dict.fromkeys(["fusedops", *args.providers]))
     if args.summarize:
         return summarize(args.summarize, Path(args.out), args.no_plots)
 
