@@ -255,17 +255,23 @@ def test_kernels_many_tiles_small_budget(path, ndim):
         check_case(case)
 
 
-@pytest.mark.parametrize("dk_by_keys", [False, True])
+# dK's layout: [D, keys], [keys, D] (dk_by_keys), or scores as [keys, queries] (keys_major, with the unguarded walk
+# and the unmasked inside boxes of the rows it is measured with)
+DK_LAYOUTS = {"d_major": dict(dk_by_keys=False), "by_keys": dict(dk_by_keys=True),
+              "keys_major": dict(keys_major=True, walk_tests=False, unmasked_inside=True)}
+
+
+@pytest.mark.parametrize("dk_layout", list(DK_LAYOUTS))
 @pytest.mark.parametrize("ndim, dq_boxes, dkdv_boxes", [
     (1, ((1, 1, 8), (1, 1, 4)), ((1, 1, 4), (1, 1, 8))),
     (2, ((1, 4, 4), (1, 8, 2)), ((1, 8, 2), (1, 2, 4))),  # the H100's tall-box pattern, at test sizes
     # (plan_override clamps forced boxes to the group lengths, [2, 5, 6] here: (2, 4, 1) stays as it is)
     (3, ((2, 2, 2), (2, 2, 2)), ((1, 2, 4), (2, 4, 1))),
 ])
-def test_dkdv_walks_boxes_of_its_own(ndim, dq_boxes, dkdv_boxes, dk_by_keys):
+def test_dkdv_walks_boxes_of_its_own(ndim, dq_boxes, dkdv_boxes, dk_layout):
     """The dK/dV kernel on query and key boxes other than the dQ kernel's (Plan.dkdv, as the H100's 2-D plan
-    has them), with dK accumulated either way round (Plan.dk_by_keys, the H100's choice at D 128): gradients
-    match the oracle, several tiles per axis, GQA, stride, causal axes."""
+    has them), with dK accumulated either way round (Plan.dk_by_keys, the H100's choice at D 128) or the scores
+    transposed (Plan.keys_major): gradients match the oracle, several tiles per axis, GQA, stride, causal axes."""
     spatial = {1: [37], 2: [9, 7], 3: [4, 5, 6]}[ndim]
     case = dict(
         spatial=spatial, ks={1: [6], 2: [3, 4], 3: [2, 3, 3]}[ndim], dil={1: [2], 2: [1, 1], 3: [2, 1, 1]}[ndim],
@@ -277,7 +283,7 @@ def test_dkdv_walks_boxes_of_its_own(ndim, dq_boxes, dkdv_boxes, dk_by_keys):
     with execution_path("cuda"), \
             fusedops.plan_override("neighborhood_attention", "bwd", bm=dq_boxes[0], bn=dq_boxes[1], fused_block=0), \
             fusedops.plan_override("neighborhood_attention", "dkdv", bm=dkdv_boxes[0], bn=dkdv_boxes[1],
-                                   dk_by_keys=dk_by_keys), \
+                                   **DK_LAYOUTS[dk_layout]), \
             recorded_launches(na_op) as launches:
         check_case(case)
 
@@ -288,7 +294,9 @@ def test_dkdv_walks_boxes_of_its_own(ndim, dq_boxes, dkdv_boxes, dk_by_keys):
     dkdv = [meta for name, _, meta in launches if name == "na_bwd_dkdv_kernel"]
     assert dq and dkdv  # the forced plan ran, not the fused 1-D backward
     assert all(boxes(m) == dq_boxes for m in dq)
-    assert all(boxes(m) == dkdv_boxes and m["DK_BY_KEYS"] == dk_by_keys for m in dkdv)
+    layout = DK_LAYOUTS[dk_layout]
+    assert all(boxes(m) == dkdv_boxes and m["DK_BY_KEYS"] == layout.get("dk_by_keys", m["DK_BY_KEYS"])
+               and m["KEYS_MAJOR"] == layout.get("keys_major", False) for m in dkdv)
 
 
 @pytest.mark.parametrize("path", KERNEL_PATHS)

@@ -3,8 +3,8 @@ kernel and of the two backward kernels per launch setting, with and without the 
 (Plan.unmasked_inside), each setting's results checked against the first one's.
 
 Settings: "bm/bn[/warps[/stages]]" (bench/NOTES.md notation) or "plan", with "+i" for unmasked_inside and, for the
-dK/dV kernel, "+u" / "+w" for its walk without / with the per-chunk test (walk_tests) and "+c" for dK as [D, keys]
-(dk_by_keys False); backward settings are "dq setting|dkdv setting".
+dK/dV kernel, "+u" / "+w" for its walk without / with the per-chunk test (walk_tests), "+c" for dK as [D, keys]
+(dk_by_keys False) and "+k" for scores as [keys, queries] (keys_major); backward settings are "dq setting|dkdv setting".
 Usage: python -m bench.experiments.na_large_windows [--cases 0,2] [--what fwd,bwd,flex] [--fwd "..."] [--bwd "..."]
 """
 
@@ -75,6 +75,8 @@ def _override(kernel: str, setting: str) -> dict:
         params["walk_tests"] = True
     if "c" in flags:
         params["dk_by_keys"] = False
+    if "k" in flags:
+        params["keys_major"] = True
     if kernel == "bwd":
         params["fused_block"] = 0
     return params

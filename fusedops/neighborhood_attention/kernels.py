@@ -695,12 +695,15 @@ def na_bwd_dkdv_kernel(
     BN0: tl.constexpr, BN1: tl.constexpr, BN2: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
     DK_BY_KEYS: tl.constexpr, MASK_BITS: tl.constexpr, WALK_TESTS: tl.constexpr, INSIDE: tl.constexpr,
-    F64: tl.constexpr, BOX: tl.constexpr,
+    F64: tl.constexpr, BOX: tl.constexpr, KEYS_MAJOR: tl.constexpr = False,
 ):
     """Per key tile (BN box in one dilation group, one kv head): dV_j = sum_i p_ij dO_i and
     dK_j = scale sum_i dS_ij q_i over every query head of the GQA group and every query tile that can
     see the tile, in a fixed order (bitwise deterministic). DK_BY_KEYS accumulates dK as [keys, D] (dS^T q)
-    instead of [D, keys] (q^T dS): the same sums, another register layout (see Plan.dk_by_keys)."""
+    instead of [D, keys] (q^T dS): the same sums, another register layout (see Plan.dk_by_keys).
+    KEYS_MAJOR computes the scores transposed, [keys, queries] (k q^T, FlexAttention's dK/dV layout): P^T and
+    dS^T are then the left operands of the dV and dK dots as computed, and dK is [keys, D] (see Plan.keys_major)."""
+    DK_ROWS: tl.constexpr = DK_BY_KEYS or KEYS_MAJOR
     ACC = tl.float64 if F64 else tl.float32
     qk_scale = float_arg(qk_scale, qk_scale_lo, F64)
     scale = float_arg(scale, scale_lo, F64)
@@ -726,8 +729,14 @@ def na_bwd_dkdv_kernel(
             + pk2.to(tl.int64) * sk2
         v_cols = b.to(tl.int64) * svb + hk.to(tl.int64) * svh + pk0.to(tl.int64) * sv0 + pk1.to(tl.int64) * sv1 \
             + pk2.to(tl.int64) * sv2
-        kt = tl.load(k_ptr + k_cols[None, :] + dq_off[:, None], mask=col_ok[None, :] & d_mask[:, None], other=0.0)
-        vt = tl.load(v_ptr + v_cols[None, :] + dv_off[:, None], mask=col_ok[None, :] & dv_mask[:, None], other=0.0)
+        if KEYS_MAJOR:  # k and v as [keys, D]: the left operands of the score and dP^T dots
+            kt = tl.load(k_ptr + k_cols[:, None] + dq_off[None, :], mask=col_ok[:, None] & d_mask[None, :], other=0.0)
+            vt = tl.load(v_ptr + v_cols[:, None] + dv_off[None, :], mask=col_ok[:, None] & dv_mask[None, :],
+                         other=0.0)
+        else:
+            kt = tl.load(k_ptr + k_cols[None, :] + dq_off[:, None], mask=col_ok[None, :] & d_mask[:, None], other=0.0)
+            vt = tl.load(v_ptr + v_cols[None, :] + dv_off[:, None], mask=col_ok[None, :] & dv_mask[:, None],
+                         other=0.0)
         if DOT_FP32:
             kt = kt.to(tl.float32)
             vt = vt.to(tl.float32)
@@ -746,7 +755,7 @@ def na_bwd_dkdv_kernel(
             qs1, qe1 = _clipped_span(jl1, jh1, lg1, g1, DL1, QO1, QL1, K1, ST1, C1, TRUNCATED, BOX)
         if NDIM >= 3:
             qs0, qe0 = _clipped_span(jl0, jh0, lg0, g0, DL0, QO0, QL0, K0, ST0, C0, TRUNCATED, BOX)
-        if DK_BY_KEYS:
+        if DK_ROWS:
             dk = tl.zeros([BN0 * BN1 * BN2, BLOCK_D], ACC)
         else:
             dk = tl.zeros([BLOCK_D, BN0 * BN1 * BN2], ACC)
@@ -792,8 +801,12 @@ def na_bwd_dkdv_kernel(
                                     p2 = _box_position(i2, DL2, g2, QO2, BOX).to(tl.int64)
                                     q_rows = q_base + p0 * sq0 + p1 * sq1 + p2 * sq2
                                     do_rows = do_base + p0 * sd0 + p1 * sd1 + p2 * sd2
-                                    q = tl.load(q_ptr + q_rows[:, None] + dq_off[None, :],
-                                                mask=row_ok[:, None] & d_mask[None, :], other=0.0)
+                                    if KEYS_MAJOR:  # q as [D, queries]: the right operand of k q^T
+                                        q = tl.load(q_ptr + q_rows[None, :] + dq_off[:, None],
+                                                    mask=row_ok[None, :] & d_mask[:, None], other=0.0)
+                                    else:
+                                        q = tl.load(q_ptr + q_rows[:, None] + dq_off[None, :],
+                                                    mask=row_ok[:, None] & d_mask[None, :], other=0.0)
                                     do = tl.load(do_ptr + do_rows[:, None] + dv_off[None, :],
                                                  mask=row_ok[:, None] & dv_mask[None, :], other=0.0)
                                     if DOT_FP32:
@@ -802,8 +815,12 @@ def na_bwd_dkdv_kernel(
                                     flat = bh_flat + p0 * QL1 * QL2 + p1 * QL2 + p2
                                     lse2 = tl.load(lse_ptr + flat, mask=row_ok, other=0.0) * 1.4426950408889634
                                     delta = tl.load(delta_ptr + flat, mask=row_ok, other=0.0)
-                                    s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
-                                    p = tl.exp2(s - lse2[:, None])
+                                    if KEYS_MAJOR:
+                                        s = tl.dot(kt, q, input_precision=PRECISION) * qk_scale
+                                        p = tl.exp2(s - lse2[None, :])
+                                    else:
+                                        s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
+                                        p = tl.exp2(s - lse2[:, None])
                                     if _box_masked(j00, j01, j02, slo0, shi0, slo1, shi1, slo2, shi2, BN0, BN1, BN2,
                                                    NDIM, INSIDE):
                                         lo2, hi2 = _window(i2, lg2, K2, ST2, C2, TRUNCATED)
@@ -815,17 +832,25 @@ def na_bwd_dkdv_kernel(
                                         ok = _window_mask(row_ok, col_ok, j0, j1, j2, j00, j01, j02, c0, c1, c2, lo0,
                                                           hi0, lo1, hi1, lo2, hi2, BN0, BN1, BN2, NDIM, ONE_COMPARE,
                                                           MASK_BITS)
+                                        if KEYS_MAJOR:
+                                            ok = tl.trans(ok)
                                         p = tl.where(ok, p, 0.0)
-                                    dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PRECISION)
-                                    dp = tl.dot(do, vt, input_precision=PRECISION)
-                                    ds = p * (dp - delta[:, None])
-                                    if DK_BY_KEYS:
-                                        dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PRECISION)
+                                    if KEYS_MAJOR:
+                                        dv += tl.dot(p.to(do.dtype), do, input_precision=PRECISION)
+                                        dp = tl.dot(vt, tl.trans(do), input_precision=PRECISION)
+                                        ds = p * (dp - delta[None, :])
+                                        dk += tl.dot(ds.to(q.dtype), tl.trans(q), input_precision=PRECISION)
                                     else:
-                                        dk += tl.dot(tl.trans(q), ds.to(q.dtype), input_precision=PRECISION)
+                                        dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PRECISION)
+                                        dp = tl.dot(do, vt, input_precision=PRECISION)
+                                        ds = p * (dp - delta[:, None])
+                                        if DK_BY_KEYS:
+                                            dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PRECISION)
+                                        else:
+                                            dk += tl.dot(tl.trans(q), ds.to(q.dtype), input_precision=PRECISION)
         flat_k = (b * HKV + hk).to(tl.int64) * S + (pk0 * L1 * L2 + pk1 * L2 + pk2).to(tl.int64)
         dk = dk * scale
-        if DK_BY_KEYS:
+        if DK_ROWS:
             tl.store(dk_ptr + flat_k[:, None] * D + dq_off[None, :], dk.to(dk_ptr.dtype.element_ty),
                      mask=col_ok[:, None] & d_mask[None, :])
         else:
@@ -833,7 +858,7 @@ def na_bwd_dkdv_kernel(
                      mask=col_ok[None, :] & d_mask[:, None])
         tl.store(dv_ptr + flat_k[:, None] * DV + dv_off[None, :], dv.to(dv_ptr.dtype.element_ty),
                  mask=col_ok[:, None] & dv_mask[None, :])
-        redo = tl.maximum(redo, _nonfinite_rows(dk, 1 if DK_BY_KEYS else 0) | _nonfinite_rows(dv, 1))
+        redo = tl.maximum(redo, _nonfinite_rows(dk, 1 if DK_ROWS else 0) | _nonfinite_rows(dv, 1))
     if tl.max(redo, axis=0) > 0:  # maybe a leak: the program's non-finite keys again, exactly (see na_fwd_kernel)
         tl.debug_barrier()  # every thread's stores have landed
         for tile in range(pid, num_tiles, tl.num_programs(0)):

@@ -306,6 +306,7 @@ def _backward_spec(q_shape, q_stride, k_shape, k_stride, v_shape, v_stride, go_s
                  DV=geo.head_dim_v, **geo.axis_args(), **_named("NN", geo.blocks(dk_plan.bn, queries=False)), num_tiles=k_tiles,
                  **_scales(scale)),
             dict(_meta(dk_plan, window, geo), DK_BY_KEYS=dk_plan.dk_by_keys, WALK_TESTS=dk_plan.walk_tests,
+                 KEYS_MAJOR=dk_plan.keys_major,
                  **_register_cap(dk_plan.dkdv_registers)))
     return dq, dkdv
 

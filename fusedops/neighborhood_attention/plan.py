@@ -75,6 +75,8 @@ class Plan:
     walk_tests: bool = True
     # Key boxes inside the window every row of the query tile shares skip the window mask (the kernels' INSIDE).
     unmasked_inside: bool = False
+    # The dK/dV kernel computes scores as [keys, queries] (k q^T; dK as [keys, D] whatever dk_by_keys).
+    keys_major: bool = False
     # The dK/dV kernel's own boxes, warps and stages where they differ from the dQ kernel's (bm, bn); its
     # register cap is its own dkdv_registers.
     dkdv: Plan | None = None
@@ -271,7 +273,8 @@ def make_plan(
                                           dkdv_registers=force_dkdv.get("registers", dkdv_regs)))
         bits = force_dkdv.get("mask_bits", row["dkdv_mask_bits"])
         plan = replace(plan, dkdv=replace(plan.dkdv, mask_bits=bits and mask_bits_fit(plan.dkdv.bn, ndim)))
-    extra = {k: force_dkdv[k] for k in ("walk_tests", "dk_by_keys", "unmasked_inside") if k in force_dkdv}
+    extra = {k: force_dkdv[k] for k in ("walk_tests", "dk_by_keys", "unmasked_inside", "keys_major")
+             if k in force_dkdv}
     if extra:  # read by the dK/dV kernel only
         plan = replace(plan, dkdv=replace(plan.dkdv, **extra)) if plan.dkdv is not None else replace(plan, **extra)
     return plan
