@@ -148,6 +148,12 @@ def run_ops(target: Target = H100) -> None:
         ((1, 2, 8, 8, 8, 128), [3, 3, 3], f64, "shifted", [False, False, False]),
     ):
         _na_launches(shape, kernel, dtype, window, causal, target)
+    # the dK/dV kernel with scores as [keys, queries] (Plan.keys_major), as a forced plan launches it (its 161 KB of
+    # shared memory fit Hopper only: forced boxes are not shrunk)
+    if target.smem_bytes >= SMEM_BYTES[90]:
+        with plan_override("neighborhood_attention", "dkdv", bm=(1, 1, 64), bn=(1, 1, 128), num_warps=8, num_stages=3,
+                           walk_tests=False, unmasked_inside=True, keys_major=True):
+            _na_launches((1, 2, 512, 128), [129], bf16, "shifted", [False], target)
     # fp32 with TF32 dots (torch.set_float32_matmul_precision("high"))
     torch.set_float32_matmul_precision("high")
     try:
