@@ -22,3 +22,14 @@ def mask_if(cond, mask):
     unsupported dtype"), and triton-ascend 3.2's cannot build the constant of tl.where(cond, mask, False);
     `mask != mask` is False in both, and a compiler folds it (one select on a GPU)."""
     return tl.where(cond, mask, mask != mask)
+
+
+@triton.jit
+def as_stored(x, ptr):
+    """x in the element type of `ptr`, for a store. A float64 value bound for bfloat16 goes through float32:
+    Triton 3.7's interpreter casts float64 to bfloat16 as an integer (zeros, denormals, NaN); the two roundings
+    can differ from one by a last bfloat16 bit, in rare ties."""
+    ty = ptr.dtype.element_ty
+    if x.dtype == tl.float64 and ty == tl.bfloat16:
+        x = x.to(tl.float32)
+    return x.to(ty)

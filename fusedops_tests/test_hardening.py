@@ -909,6 +909,30 @@ def test_float64_kernels_match_the_reference_to_float64_precision(op, onchip_byt
         torch.testing.assert_close(g, w, rtol=0, atol=1e-12)
 
 
+@pytest.mark.interpreter
+@pytest.mark.parametrize("param_dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_float64_values_with_lower_precision_parameters(param_dtype):
+    """float64 values with a 16- or 32-bit query and norm weight (the CUDA plan, every kernel budget): each
+    gradient in its parameter's dtype within that dtype's rounding of the float64 reference. The float64 sums went
+    to a bfloat16 gradient through Triton 3.7's interpreter cast, an integer truncation (zeros and NaN)."""
+    values = _f64(3, 4, 16, seed=1)
+    query, weight = (0.3 * _f64(16, seed=2)).to(param_dtype), (_f64(16, seed=3).abs() + 0.5).to(param_dtype)
+    grad = _f64(4, 16, seed=4)
+    tol = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 1e-6}[param_dtype]
+    want = None
+    for path, budget in [("reference", None)] + [("cuda", b) for b in AR_BUDGETS]:
+        leaves = [t.clone().requires_grad_() for t in (values, query, weight)]
+        with execution_path(path, budget):
+            out = fusedops.attn_res(*leaves)
+            got = torch.autograd.grad(out, leaves, grad)
+        assert [g.dtype for g in got] == [torch.float64, param_dtype, param_dtype]
+        if want is None:
+            want = [g.double() for g in got]
+            continue
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g.double(), w, rtol=tol, atol=tol * w.abs().max().item())
+
+
 @pytest.mark.parametrize("path", KERNEL_PATHS[:1])
 def test_opcheck_float64(path):
     """torch.library.opcheck of every op on float64 arguments (schema, fake kernel, autograd registration)."""

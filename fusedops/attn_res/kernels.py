@@ -12,7 +12,7 @@ lse and partial sums included. Softmaxes over depth take their exponentials rela
 import triton
 import triton.language as tl
 
-from fusedops.tl_helpers import float_arg, mask_if
+from fusedops.tl_helpers import as_stored, float_arg, mask_if
 
 
 @triton.jit
@@ -883,10 +883,10 @@ def attn_res_param_grad_kernel(
             dq = du
             if HAS_WEIGHT:
                 dq = du * tl.load(w_ptr + d, mask=d_mask, other=0.0).to(ACC)
-            tl.store(dq_ptr + d, dq.to(dq_ptr.dtype.element_ty), mask=d_mask)
+            tl.store(dq_ptr + d, as_stored(dq, dq_ptr), mask=d_mask)
         if NEED_DW:
             dw = du * tl.load(q_ptr + d, mask=d_mask, other=0.0).to(ACC)
-            tl.store(dw_ptr + d, dw.to(dw_ptr.dtype.element_ty), mask=d_mask)
+            tl.store(dw_ptr + d, as_stored(dw, dw_ptr), mask=d_mask)
         if STASH > 0:
             tl.debug_barrier()  # every thread has read its part of the stash before any row is rewritten
             u = _folded_query(q_ptr, w_ptr, d, d_mask, HAS_WEIGHT, ACC)
