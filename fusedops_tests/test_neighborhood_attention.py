@@ -885,6 +885,23 @@ def test_dkdv_tile_override():
     assert make_plan(_h100(), *args, backward=True, **kw) == planned  # restored on exit
 
 
+@pytest.mark.parametrize("bm, warps, walk_tests, keys_major, by_keys", [
+    (32, 8, False, False, False), (16, 8, False, False, False),  # the miscompiled kind: dK as [D, keys] instead
+    (64, 8, False, False, True), (32, 4, False, False, True), (32, 8, True, False, True), (32, 8, False, True, True)])
+def test_forced_dkdv_plan_avoids_the_miscompiled_dk_layout(bm, warps, walk_tests, keys_major, by_keys):
+    """A forced dK/dV plan with dK as [keys, D] on the pipelined walk of 8 warps over fewer than 64 query rows was
+    compiled to wrong dK on the H100 (Triton 3.6; h100-2026-12-07-na-run-33, 8-45% off) where [D, keys] gave the
+    plan's bits: on a CUDA GPU such a plan takes [D, keys]. Others keep the layout forced; interpreters too."""
+    args = ([1, 1, 16384], [1, 1, 1], 128, 128, torch.bfloat16, 1)
+    kw = dict(kernel_volume=513, kernel=[1, 1, 513])
+    with fusedops.plan_override("neighborhood_attention", "dkdv", bm=(1, 1, bm), bn=(1, 1, 128), num_warps=warps,
+                                walk_tests=walk_tests, unmasked_inside=True, keys_major=keys_major, dk_by_keys=True):
+        plan = make_plan(_h100(), *args, backward=True, **kw).dkdv
+        assert (plan.block_m, plan.num_warps, plan.walk_tests, plan.keys_major) == (bm, warps, walk_tests, keys_major)
+        assert plan.dk_by_keys == by_keys
+        assert make_plan(cuda_target(interpreted=True), *args, backward=True, **kw).dkdv.dk_by_keys
+
+
 @pytest.mark.parametrize("spatial, kernel, d, dtype, backward, bm, bn, warps, fused", [
     ([4096], 7, 64, torch.bfloat16, False, (1, 1, 64), (1, 1, 32), 4, False),
     ([64, 64], 49, 64, torch.bfloat16, False, (1, 8, 8), (1, 16, 2), 4, False),

@@ -1,6 +1,6 @@
 """Launch plans as data (fusedops/plans.py and the ops' plans.json): the resolver, forced configurations, and the
 plans of the benchmark and test shapes pinned (fusedops_tests/plan_pins.json, written from the hand-written
-planners that the tables replaced; `FUSEDOPS_WRITE_PINS=1 pytest fusedops_tests/test_plans.py -k pins` rewrites
+planners that the tables replaced; `FUSEDOPS_WRITE_PINS=1 pytest fusedops_tests/test_plans.py -k pinned` rewrites
 it after a deliberate table change)."""
 
 from __future__ import annotations

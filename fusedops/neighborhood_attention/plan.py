@@ -277,7 +277,19 @@ def make_plan(
              if k in force_dkdv}
     if extra:  # read by the dK/dV kernel only
         plan = replace(plan, dkdv=replace(plan.dkdv, **extra)) if plan.dkdv is not None else replace(plan, **extra)
+    dk = plan.dkdv or plan
+    if cuda_gpu and _miscompiled_dk(dk):
+        layout = replace(dk, dk_by_keys=False)
+        plan = replace(plan, dkdv=layout) if plan.dkdv is not None else replace(plan, dk_by_keys=False)
     return plan
+
+
+def _miscompiled_dk(plan: Plan) -> bool:
+    """dK as [keys, D] on the pipelined walk (walk_tests off) of 8-warp programs with fewer than 64 query rows a
+    step: Triton 3.6 compiled it to wrong dK on the H100 (h100-2026-12-07-na-run-33: 16 or 32 queries x 128 keys,
+    8-45% off), where dK as [D, keys] gave the plan's bits. No table row makes it; a forced plan gets [D, keys]."""
+    return plan.dk_by_keys and not plan.keys_major and not plan.walk_tests and plan.num_warps >= 8 \
+        and plan.block_m < 64
 
 
 def mask_bits_fit(key_box: Sequence[int], ndim: int) -> bool:
