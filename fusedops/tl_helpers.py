@@ -30,6 +30,7 @@ def as_stored(x, ptr):
     Triton 3.7's interpreter casts float64 to bfloat16 as an integer (zeros, denormals, NaN); the two roundings
     can differ from one by a last bfloat16 bit, in rare ties."""
     ty = ptr.dtype.element_ty
-    if x.dtype == tl.float64 and ty == tl.bfloat16:
-        x = x.to(tl.float32)
+    if x.dtype == tl.float64:  # nested, not `and`: triton-ascend 3.2 compiles `and` of two constants as tensors
+        if ty == tl.bfloat16:
+            x = x.to(tl.float32)
     return x.to(ty)
