@@ -275,12 +275,10 @@ def make_plan(
         plan = replace(plan, dkdv=replace(plan.dkdv, mask_bits=bits and mask_bits_fit(plan.dkdv.bn, ndim)))
     extra = {k: force_dkdv[k] for k in ("walk_tests", "dk_by_keys", "unmasked_inside", "keys_major")
              if k in force_dkdv}
+    if cuda_gpu and _miscompiled_dk(replace(plan.dkdv or plan, **extra)):
+        extra["dk_by_keys"] = False
     if extra:  # read by the dK/dV kernel only
         plan = replace(plan, dkdv=replace(plan.dkdv, **extra)) if plan.dkdv is not None else replace(plan, **extra)
-    dk = plan.dkdv or plan
-    if cuda_gpu and _miscompiled_dk(dk):
-        layout = replace(dk, dk_by_keys=False)
-        plan = replace(plan, dkdv=layout) if plan.dkdv is not None else replace(plan, dk_by_keys=False)
     return plan
 
 
