@@ -543,6 +543,10 @@ def test_forced_plans_cover_the_shape_or_raise(path):
             with fusedops.plan_override("block_attn_res", "multi_bwd", block_m=2):
                 torch.ops.fusedops.attn_res_multi_backward(torch.ones(3, 9, 40), None, values, queries, EPS, True,
                                                            True)
+        if path == "ascend":  # its plans carry no two-pass or tensor-core fields (was a ZeroDivisionError)
+            with pytest.raises(ValueError, match="two-pass forward needs block_t and block_d2"):
+                with fusedops.plan_override("block_attn_res", "multi_fwd", two_pass=True, block_n=4, tail_rows=1):
+                    fusedops.attn_res_multi(values, queries)
         with pytest.raises(ValueError, match="features past block_d = 32 of D = 40"):
             with fusedops.plan_override("block_attn_res", "merge_fwd", whole_row=True, block_d=32):
                 fusedops.attn_res_merge(out[0].detach(), lse[0].detach(), values[0], queries[0])
@@ -1055,3 +1059,44 @@ def test_gpu_multi_backward_matches_float64(dtype, flat, n, m, tokens, dim):
     for got, ref in zip(first, ref_grads):
         scale = max(1.0, ref.abs().max().item())
         torch.testing.assert_close(got.cpu().double(), ref, rtol=tol * 4, atol=tol * 4 * scale)
+
+
+QUERY_STRIDE_CASES = [  # path, forced forward, forced backward, the kernels that must run
+    ("cuda", {"dot": False, "two_pass": False}, {}, {"fwd", "bwd_stats", "bwd_grads_flat"}),
+    ("cuda", {"two_pass": True}, {"grad_rows": 0}, {"logits", "softmax", "out", "bwd_stats", "bwd_grads"}),
+    ("cuda", {"dot": True, "two_pass": False}, {}, {"fwd_dot", "bwd_stats", "bwd_grads_flat"}),
+    pytest.param("ascend", {}, {}, {"fwd", "bwd"}, marks=pytest.mark.ascend),
+]
+QUERY_STRIDE_IDS = ["cuda-plan-one-kernel", "cuda-plan-two-passes", "cuda-plan-tensor-cores", "ascend-plan"]
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize(("path", "forward", "backward", "kernels"), QUERY_STRIDE_CASES, ids=QUERY_STRIDE_IDS)
+def test_multi_reads_query_rows_past_2_31_elements(path, forward, backward, kernels):
+    """Queries as a strided view, rows 2^29 elements apart (a column of a [M, 2^29] activation): row 4 sits 2^31
+    elements past row 0. Every forward and backward kernel reads it where it is (the offset m * QS in int32 read
+    the element 2^32 before it: a decoy placed there must change nothing), bit for bit as the same call on a
+    compact copy. 8 GB of address space, a few pages of it touched."""
+    n, tokens, m, dim, row_step = 2, 8, 5, 16, 2**29
+    try:
+        storage = torch.empty(2**31 + (m - 1) * row_step + dim, dtype=torch.float16)
+    except RuntimeError as e:  # an address space that will not map 8 GB
+        pytest.skip(f"cannot reserve the strided queries' storage: {e}")
+    gen = torch.Generator().manual_seed(3)
+    queries = storage[2**31:].as_strided((m, dim), (row_step, 1))
+    queries.copy_(torch.randn(m, dim, generator=gen))
+    storage[:dim] = 4 * torch.randn(dim, generator=gen)  # where the wrapped offset of row 4 lands
+    values = torch.randn(n, tokens, dim, generator=gen).half()
+    grad_out = torch.randn(m, tokens, dim, generator=gen).half()
+    results = []
+    for q in (queries, queries.contiguous()):
+        v, q = values.clone().requires_grad_(), q.detach().requires_grad_()
+        with execution_path(path), recorded_launches(bar_op) as launches, \
+                fusedops.plan_override("block_attn_res", "multi_fwd", **forward), \
+                fusedops.plan_override("block_attn_res", "multi_bwd", **backward):
+            out, lse = fusedops.attn_res_multi(v, q, EPS)
+            out.backward(grad_out)
+        results.append((out, lse, v.grad, q.grad))
+    assert {name.removeprefix("attn_res_multi_").removesuffix("_kernel") for name, *_ in launches} == kernels
+    for name, strided, compact in zip(("out", "lse", "grad_values", "grad_queries"), *results):
+        assert torch.equal(strided, compact), name

@@ -329,6 +329,9 @@ def _gaps(plan, kernel: str, sources: int, queries: int, dim: int) -> list:
         gaps.append(f"sources past {rows} of N = {sources}")
     if plan.block_m < queries:
         gaps.append(f"queries past block_m = {plan.block_m} of M = {queries}")
+    if kernel == "multi_fwd" and (plan.two_pass or plan.dot) and min(plan.block_t, plan.block_d2) < 1:
+        gaps.append(f"everything: the {'two-pass' if plan.two_pass else 'tensor-core'} forward needs block_t and "
+                    f"block_d2 >= 1 (this target's plan has {plan.block_t} and {plan.block_d2}: force them too)")
     if kernel == "multi_fwd" and not plan.two_pass and (plan.splits * plan.d_chunk < dim or plan.grid % plan.splits):
         gaps.append(f"features: splits x d_chunk = {plan.splits} x {plan.d_chunk} must cover D = {dim} and divide "
                     f"grid = {plan.grid}")
