@@ -184,6 +184,11 @@ def resources(compiled) -> str:
     return f"registers {found[1]}, stack {found[2]} bytes" if found else "resources unknown"
 
 
+# Grid-stride loops whose counter passes 2**31 at sizes a user can pass (past 2**30 tokens or vocabulary rows: the
+# first start plus the stride), so it must count in int64.
+WIDE_LOOPS = ("embedding_run_keys_kernel", "embedding_run_offsets_kernel")
+
+
 def main() -> int:
     capability = int(sys.argv[sys.argv.index("--capability") + 1]) if "--capability" in sys.argv else 90
     target = dataclasses.replace(H100, smem_bytes=SMEM_BYTES[capability])
@@ -205,6 +210,11 @@ def main() -> int:
                                       target=GPUTarget("cuda", capability, 32), options=options)
             usage = resources(compiled) if "--resources" in sys.argv else ""
             shared = compiled.metadata.shared
+            loops = [line.strip() for line in compiled.asm["ttir"].splitlines() if "scf.for" in line]
+            if kernel.fn.__name__ in WIDE_LOOPS and any(not line.endswith(": i64 {") for line in loops):
+                failures += 1
+                print("FAILED", kernel.fn.__name__, "a grid-stride loop counts in int32:", loops)
+                continue
             if shared > target.smem_bytes:
                 failures += 1
                 print("FAILED", kernel.fn.__name__, constexprs, options,

@@ -348,7 +348,8 @@ def embedding_run_keys_kernel(idx_ptr, keys_ptr, N, V, IDX_S, BLOCK: tl.constexp
     backward. An out-of-range index fails the device assert; where asserts are compiled out it becomes
     -1, so it sorts before every run (and the keys fit int16 up to V = 2**15)."""
     pid = tl.program_id(0)
-    for start in range(pid * BLOCK, N, tl.num_programs(0) * BLOCK):
+    # an int64 counter: past 2**30 tokens the first start plus the stride passes 2**31 (compile_sm90 checks)
+    for start in range(pid.to(tl.int64) * BLOCK, N, tl.num_programs(0) * BLOCK):
         t = start + tl.arange(0, BLOCK)
         in_range = t < N
         i = tl.load(idx_ptr + t.to(tl.int64) * IDX_S, mask=in_range, other=0)
@@ -364,7 +365,7 @@ def embedding_run_offsets_kernel(keys_ptr, offs_ptr, N, V, LOG_N: tl.constexpr, 
     (and, at v + 1, stops). A branchless binary search per row in LOG_N halvings (2**LOG_N > N); the
     steps longer than N load nothing."""
     pid = tl.program_id(0)
-    for start in range(pid * BLOCK, V + 1, tl.num_programs(0) * BLOCK):
+    for start in range(pid.to(tl.int64) * BLOCK, V + 1, tl.num_programs(0) * BLOCK):  # int64, as above
         v = start + tl.arange(0, BLOCK).to(tl.int64)
         pos = tl.zeros([BLOCK], tl.int64)
         for b in tl.static_range(LOG_N):
