@@ -34,7 +34,7 @@ def _multi_stats(v_ptr, q_ptr, g_ptr, row, t, M, N, D, T, QS, STRIDE_N, OUT_STEP
         d = d0 + tl.arange(0, BLOCK_D)
         d_mask = d < D
         md_mask = m_mask[:, None] & d_mask[None, :]
-        q = tl.load(q_ptr + m[:, None].to(tl.int64) * QS + d[None, :], mask=md_mask, other=0.0).to(ACC)
+        q = tl.load(q_ptr + m.to(tl.int64)[:, None] * QS + d[None, :], mask=md_mask, other=0.0).to(ACC)
         if HAS_G:
             g = tl.load(g_ptr + m.to(tl.int64)[:, None] * OUT_STEP + t * D + d[None, :], mask=md_mask,
                         other=0.0).to(ACC)
@@ -141,7 +141,7 @@ def _logit_tile(v_ptr, q_ptr, rows, r_mask, m, m_mask, D, QS, eps, BLOCK_R: tl.c
         d = d0 + tl.arange(0, BLOCK_D)
         d_mask = d < D
         x = tl.load(v_ptr + rows[:, None] + d[None, :], mask=r_mask[:, None] & d_mask[None, :], other=0.0)
-        q = tl.load(q_ptr + m[:, None].to(tl.int64) * QS + d[None, :], mask=m_mask[:, None] & d_mask[None, :],
+        q = tl.load(q_ptr + m.to(tl.int64)[:, None] * QS + d[None, :], mask=m_mask[:, None] & d_mask[None, :],
                     other=0.0).to(tl.float32)
         dot, sq = _logit_terms(x, q, dot, sq, BF16)
     return dot * tl.rsqrt(sq / D + eps)[:, None]
@@ -342,7 +342,7 @@ def attn_res_multi_bwd_kernel(
             d = d0 + tl.arange(0, BLOCK_D)
             d_mask = d < D
             md_mask = m_mask[:, None] & d_mask[None, :]
-            q = tl.load(q_ptr + m[:, None].to(tl.int64) * QS + d[None, :], mask=md_mask, other=0.0).to(ACC)
+            q = tl.load(q_ptr + m.to(tl.int64)[:, None] * QS + d[None, :], mask=md_mask, other=0.0).to(ACC)
             if HAS_G:
                 g = tl.load(g_ptr + m.to(tl.int64)[:, None] * OUT_STEP + t * D + d[None, :], mask=md_mask,
                             other=0.0).to(ACC)
@@ -418,7 +418,7 @@ def attn_res_multi_bwd_stats_kernel(
         d = d0 + tl.arange(0, BLOCK_D)
         d_mask = d < D
         x = tl.load(v_ptr + rows[:, None] + d[None, :], mask=r_mask[:, None] & d_mask[None, :], other=0.0)
-        q = tl.load(q_ptr + m[:, None].to(tl.int64) * QS + d[None, :], mask=(m < M)[:, None] & d_mask[None, :],
+        q = tl.load(q_ptr + m.to(tl.int64)[:, None] * QS + d[None, :], mask=(m < M)[:, None] & d_mask[None, :],
                     other=0.0).to(tl.float32)
         qv, sq = _logit_terms(x, q, qv, sq, BF16)
         if HAS_G:
@@ -463,7 +463,7 @@ def attn_res_multi_bwd_grads_kernel(
     d_mask = d < D
     m = tl.arange(0, BLOCK_M)
     n = tl.arange(0, BLOCK_N)
-    q = tl.load(q_ptr + m[:, None].to(tl.int64) * QS + d[None, :], mask=(m < M)[:, None] & d_mask[None, :],
+    q = tl.load(q_ptr + m.to(tl.int64)[:, None] * QS + d[None, :], mask=(m < M)[:, None] & d_mask[None, :],
                 other=0.0).to(tl.float32)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     r = tl.arange(0, BLOCK_T * BLOCK_N)
@@ -517,7 +517,7 @@ def attn_res_multi_bwd_grads_flat_kernel(
     d_mask = d < D
     m = tl.arange(0, BLOCK_M)
     m_mask = m < M
-    q = tl.load(q_ptr + m[:, None].to(tl.int64) * QS + d[None, :], mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+    q = tl.load(q_ptr + m.to(tl.int64)[:, None] * QS + d[None, :], mask=m_mask[:, None] & d_mask[None, :], other=0.0)
     q = q.to(tl.float32)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     r = tl.arange(0, BLOCK_R)
